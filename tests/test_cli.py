@@ -1,0 +1,50 @@
+"""`verl-hf`: YAML + overrides, the train command end to end, env."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from verl_hf.cli import DEMO_CONFIG, main, parse_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_yaml_then_overrides():
+    script, config = parse_config(str(DEMO_CONFIG), ["--max_steps", "7", "--reward_weights", "1.0", "0.5"])
+    assert script.model_name_or_path == "demo" and script.dataset_name == "verl_hf:addition"
+    assert config.max_steps == 7 and config.reward_weights == [1.0, 0.5]
+    assert config.num_generations == 4 and config.reward_funcs == ["gsm8k", "gsm8k_format"]
+
+
+def test_examples_config_is_the_packaged_demo_config():
+    assert (REPO / "examples" / "configs" / "demo.yaml").read_text() == DEMO_CONFIG.read_text()
+
+
+def test_unknown_yaml_field(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("num_generation: 4\n")
+    with pytest.raises(SystemExit, match=r"unknown field\(s\) \['num_generation'\]"):
+        parse_config(str(bad), [])
+
+
+def test_train_command_runs_and_writes_outputs(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "verl_hf.cli", "train", str(REPO / "examples/configs/demo.yaml"),
+           "--max_steps", "4", "--eval_steps", "2", "--logging_steps", "2", "--output_dir", str(out)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 4 and 0 <= summary["accuracy_after"] <= 1
+    assert (out / "curve.png").stat().st_size > 1000 and (out / "model.safetensors").exists()
+    assert "reward" in result.stdout  # the table header
+
+
+def test_env_and_help(capsys):
+    assert main(["env"]) == 0
+    assert "transformers:" in capsys.readouterr().out
+    assert main(["--help"]) == 0
+    with pytest.raises(SystemExit, match="unknown command"):
+        main(["trian"])

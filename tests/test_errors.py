@@ -1,0 +1,116 @@
+"""Bad input fails before training, with a message that says what to fix."""
+
+import pytest
+from datasets import Dataset
+
+from conftest import small_config
+from verl_hf import VerlConfig, VerlTrainer
+
+
+def _config(**overrides):
+    values = dict(output_dir="/tmp/verl-hf-errors", per_device_train_batch_size=8, num_generations=4,
+                  report_to="none", use_cpu=True)
+    values.update(overrides)
+    return VerlConfig(**values)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(num_generations=1), "needs num_generations >= 2"),
+        (dict(num_generations=3), "not divisible by num_generations=3"),
+        (dict(generation_batch_size=12), "multiple of per_device_train_batch_size"),
+        (dict(adv_estimator="nope"), "valid: grpo, rloo"),
+        (dict(policy_loss="nope"), "valid: "),
+        (dict(loss_agg_mode="mean"), "valid: seq-mean-token-mean"),
+        (dict(kl_kind="k9"), "valid: abs, k1, k2, k3"),
+        (dict(rollout_engine="sglang"), "valid: hf"),
+        (dict(temperature=0.0), "temperature=0.0 must be > 0"),
+        (dict(top_p=1.5), "top_p=1.5 must be in (0, 1]"),
+        (dict(clip_ratio_c=0.5), "clip_ratio_c=0.5 must be > 1"),
+        (dict(reward_funcs=["gsm8k"], reward_weights=[1.0, 2.0]), "one weight per function"),
+        (dict(data_key_map="{not json"), "is not valid JSON"),
+    ],
+)
+def test_config_rejects(overrides, message):
+    with pytest.raises(ValueError) as err:
+        _config(**overrides)
+    assert message in str(err.value), str(err.value)
+
+
+def test_data_key_map_json_string_is_parsed():
+    assert _config(data_key_map='{"prompt": "question"}').data_key_map == {"prompt": "question"}
+
+
+def test_unknown_reward_name_lists_builtins(tmp_path, warm_start_dir, addition):
+    with pytest.raises(ValueError) as err:
+        VerlTrainer(model=warm_start_dir, args=small_config(tmp_path, reward_funcs=["gsm9k"], reward_weights=None),
+                    train_dataset=addition[0])
+    assert "gsm8k" in str(err.value) and "exact_match" in str(err.value)
+
+
+def test_no_reward_at_all(tmp_path, warm_start_dir, addition):
+    with pytest.raises(ValueError, match="no reward"):
+        VerlTrainer(model=warm_start_dir, args=small_config(tmp_path, reward_funcs=None, reward_weights=None),
+                    train_dataset=addition[0])
+
+
+def test_dataset_without_prompt_column(tmp_path, warm_start_dir):
+    data = Dataset.from_dict({"question": ["What is 1 plus 2?\n"], "answer": ["3"]})
+    with pytest.raises(ValueError, match=r"no 'prompt' column .*data_key_map"):
+        VerlTrainer(model=warm_start_dir, args=small_config(tmp_path), train_dataset=data)
+    # ... and the mapping fixes it.
+    trainer = VerlTrainer(model=warm_start_dir, args=small_config(tmp_path, data_key_map={"prompt": "question"}),
+                          train_dataset=data)
+    assert trainer.train_dataset["prompt"] == ["What is 1 plus 2?\n"]
+
+
+def test_tokenizer_without_pad_token_falls_back_to_eos(tmp_path, warm_start_dir, addition, caplog):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(warm_start_dir)
+    tok.pad_token = None
+    trainer = VerlTrainer(model=warm_start_dir, args=small_config(tmp_path), train_dataset=addition[0],
+                          processing_class=tok)
+    assert trainer.processing_class.pad_token == tok.eos_token
+
+
+def _train_with_reward(tmp_path, warm_start_dir, addition, reward):
+    args = small_config(tmp_path, reward_funcs=None, reward_weights=None, max_steps=1)
+    VerlTrainer(model=warm_start_dir, args=args, train_dataset=addition[0], reward_funcs=[reward]).train()
+
+
+def test_reward_function_of_wrong_length(tmp_path, warm_start_dir, addition):
+    def short(prompts, completions, completion_ids, **kw):
+        return [1.0] * (len(completions) - 1)
+
+    with pytest.raises(ValueError, match="'short' returned 31 scores for 32 completions"):
+        _train_with_reward(tmp_path, warm_start_dir, addition, short)
+
+
+def test_reward_function_returning_text(tmp_path, warm_start_dir, addition):
+    def wordy(prompts, completions, completion_ids, **kw):
+        return ["good"] * len(completions)
+
+    with pytest.raises(TypeError, match="'wordy' returned 'good'"):
+        _train_with_reward(tmp_path, warm_start_dir, addition, wordy)
+
+
+def test_every_reward_none(tmp_path, warm_start_dir, addition):
+    def abstain(prompts, completions, completion_ids, **kw):
+        return [None] * len(completions)
+
+    with pytest.raises(ValueError, match="returned None for all 32 samples"):
+        _train_with_reward(tmp_path, warm_start_dir, addition, abstain)
+
+
+def test_some_rewards_none_exclude_those_rows(tmp_path, warm_start_dir, addition):
+    """Rows a function declines (None) get no gradient and no share in their group's baseline."""
+    def half(prompts, completions, completion_ids, answer, **kw):
+        return [None if i % 2 else float(answer[i] in c) for i, c in enumerate(completions)]
+
+    args = small_config(tmp_path, reward_funcs=None, reward_weights=None, max_steps=1)
+    trainer = VerlTrainer(model=warm_start_dir, args=args, train_dataset=addition[0], reward_funcs=[half])
+    trainer.train()
+    log = next(h for h in trainer.state.log_history if "reward/mean" in h)
+    assert log["reward/excluded_frac"] == 0.5

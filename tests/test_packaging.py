@@ -1,0 +1,43 @@
+"""The package installs as the design card says: callbacks/ is `verl_hf.callbacks`, editable and as a wheel."""
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import verl_hf
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_editable_install_maps_callbacks_folder():
+    import verl_hf.callbacks
+
+    assert Path(verl_hf.callbacks.__file__).resolve() == REPO / "callbacks" / "__init__.py"
+    assert Path(verl_hf.__file__).resolve() == REPO / "verl_hf" / "__init__.py"
+
+
+def test_wheel_contains_and_imports_callbacks(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path / "dist"), str(REPO)], check=True)
+    wheel = next((tmp_path / "dist").glob("verl_hf-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "verl_hf/callbacks/__init__.py" in names and "verl_hf/callbacks/progress.py" in names
+    assert "verl_hf/demo/warm_start/model.safetensors" in names and "verl_hf/demo/demo.yaml" in names
+    assert not any(n.startswith(("callbacks/", "tests/")) for n in names)
+    # Every module of the source tree made it into the wheel.
+    source = {str(p.relative_to(REPO)) for p in (REPO / "verl_hf").rglob("*.py")}
+    assert source <= set(names), source - set(names)
+    assert any(n.endswith("entry_points.txt") for n in names)
+
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+                   check=True)
+    # -S keeps the editable finder out of the way: only the wheel's copy can be imported.
+    probe = ("import sys; sys.path[:0] = [sys.argv[1]] + [p for p in sys.argv[2:]]; import verl_hf.callbacks as c, "
+             "verl_hf; print(c.__file__); print(verl_hf.__file__); from verl_hf.callbacks import RLProgressCallback")
+    deps = [p for p in sys.path if p.endswith("site-packages")]
+    out = subprocess.run([sys.executable, "-S", "-c", probe, str(target), *deps], check=True,
+                         capture_output=True, text=True, cwd=tmp_path).stdout.split()
+    assert out[0] == str(target / "verl_hf" / "callbacks" / "__init__.py")
+    assert out[1] == str(target / "verl_hf" / "__init__.py")

@@ -1,0 +1,58 @@
+"""Algorithm core of verl_hf: pure tensor-in/tensor-out RL math, no model or trainer code.
+
+Advantage estimators (GRPO, Dr.GRPO, RLOO) turn per-token rewards and prompt
+group ids into per-token advantages; policy losses (PPO clip with DAPO
+clip-higher and dual-clip, REINFORCE) turn log-probs and advantages into a
+scalar loss plus float metrics, reduced by ``agg_loss`` whose whole-step
+normalisers make micro-batch gradient accumulation exact; ``kl_penalty``
+gives per-token KL(pi || pi_ref) estimates (k1/k2/k3/abs and straight-through
+'+' variants); ``utils`` holds NaN-safe masked reductions and memory-light
+logit helpers.  Estimators and losses live in name registries so a config
+string selects them and users add their own with ``@register_advantage`` /
+``@register_policy_loss``.
+
+See it work: tests/test_algorithms.py
+"""
+
+from .registry import (
+    ADVANTAGE_ESTIMATORS,
+    POLICY_LOSSES,
+    get_advantage_estimator,
+    get_policy_loss,
+    register_advantage,
+    register_policy_loss,
+)
+from .utils import (
+    entropy_from_logits,
+    logprobs_from_logits,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+)
+from .kl import KL_KINDS, kl_penalty
+from .losses import LOSS_AGG_MODES, agg_loss, ppo_clip_loss, reinforce_loss
+from .advantages import grpo_advantages, rloo_advantages
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "POLICY_LOSSES",
+    "register_advantage",
+    "register_policy_loss",
+    "get_advantage_estimator",
+    "get_policy_loss",
+    "kl_penalty",
+    "KL_KINDS",
+    "agg_loss",
+    "LOSS_AGG_MODES",
+    "ppo_clip_loss",
+    "reinforce_loss",
+    "grpo_advantages",
+    "rloo_advantages",
+    "entropy_from_logits",
+    "logprobs_from_logits",
+    "masked_sum",
+    "masked_mean",
+    "masked_var",
+    "masked_whiten",
+]

@@ -1,0 +1,210 @@
+"""`VerlConfig`: the one configuration object, a `TrainingArguments` with the RL fields added.
+
+Fields are grouped by the pipeline stage that reads them (data, generation, rewards, algorithm, evaluation)
+and documented once, in `metadata["help"]`: that text is what `verl-hf train --help` prints.
+`__post_init__` checks every field before any model is loaded and says how to fix what is wrong.
+
+Batch vocabulary (per device, counted in completions as in TRL):
+- `per_device_train_batch_size` completions go through one forward/backward (a micro-step);
+- `gradient_accumulation_steps` micro-steps make an optimizer step;
+- `generation_batch_size` completions are sampled in one rollout round (default: one optimizer step's worth),
+  i.e. `generation_batch_size / num_generations` prompts; the round then feeds `ppo_epochs` passes of
+  micro-steps, so one rollout serves every accumulation step instead of generating per micro-step.
+
+See it work: tests/test_config.py.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from transformers import TrainingArguments
+
+from .algorithms import ADVANTAGE_ESTIMATORS, KL_KINDS, LOSS_AGG_MODES, POLICY_LOSSES
+
+ROLLOUT_ENGINES = ("hf",)
+# Estimators whose baseline comes from the other samples of the same prompt.
+GROUP_ESTIMATORS = ("grpo", "rloo", "grpo_passk", "opo", "gpg", "reinforce_plus_plus_baseline")
+
+
+def _help(text: str) -> dict:
+    return {"help": text}
+
+
+@dataclass
+class VerlConfig(TrainingArguments):
+    # ----- data -----
+    data_key_map: dict | str | None = field(
+        default=None,
+        metadata=_help(
+            "Map the names verl_hf reads to your dataset's columns, e.g. {\"prompt\": \"question\"}. "
+            "A JSON string is accepted on the command line."
+        ),
+    )
+    max_prompt_length: int = field(
+        default=512,
+        metadata=_help("Prompts longer than this many tokens (after the chat template) are dropped, and counted."),
+    )
+
+    # ----- generation (rollout) -----
+    rollout_engine: str = field(default="hf", metadata=_help(f"Engine that samples responses: {ROLLOUT_ENGINES}."))
+    max_response_length: int = field(
+        default=256, metadata=_help("Most new tokens per response; longer ones are cut and counted as truncated.")
+    )
+    num_generations: int = field(default=8, metadata=_help("Responses sampled per prompt (the GRPO group size)."))
+    generation_batch_size: int | None = field(
+        default=None,
+        metadata=_help(
+            "Completions per device sampled in one rollout round. Default: per_device_train_batch_size * "
+            "gradient_accumulation_steps (one optimizer step). Must be a multiple of that and of num_generations."
+        ),
+    )
+    temperature: float = field(default=1.0, metadata=_help("Sampling temperature; log-probs use the same one."))
+    top_p: float = field(default=1.0, metadata=_help("Nucleus sampling threshold in (0, 1]; 1 disables it."))
+    top_k: int = field(default=0, metadata=_help("Sample among the k most likely tokens; 0 disables it."))
+
+    # ----- rewards -----
+    reward_funcs: list[str] | None = field(
+        default=None,
+        metadata=_help(
+            "Reward functions by name: a built-in (gsm8k, gsm8k_flexible, gsm8k_format, exact_match), "
+            "'pkg.module:function' or 'path/to/file.py:function'. VerlTrainer(reward_funcs=...) also takes callables."
+        ),
+    )
+    reward_weights: list[float] | None = field(
+        default=None, metadata=_help("One weight per reward function (default 1.0 each).")
+    )
+
+    # ----- algorithm -----
+    adv_estimator: str = field(default="grpo", metadata=_help("Advantage estimator, by registered name."))
+    norm_adv_by_std_in_grpo: bool = field(
+        default=True, metadata=_help("GRPO divides by the group's reward std; False gives Dr.GRPO.")
+    )
+    policy_loss: str = field(default="vanilla", metadata=_help("Policy loss, by registered name."))
+    clip_ratio_low: float = field(default=0.2, metadata=_help("Lower PPO clip: ratio >= 1 - clip_ratio_low."))
+    clip_ratio_high: float = field(default=0.2, metadata=_help("Upper PPO clip (DAPO 'clip-higher' uses 0.28)."))
+    clip_ratio_c: float = field(default=3.0, metadata=_help("Dual-clip bound for negative advantages (> 1)."))
+    loss_agg_mode: str = field(default="token-mean", metadata=_help(f"How token losses are averaged: {LOSS_AGG_MODES}."))
+    ppo_epochs: int = field(default=1, metadata=_help("Passes of policy updates over one rollout round."))
+    kl_coef: float = field(default=0.0, metadata=_help("KL(actor || reference) coefficient; 0 loads no reference."))
+    kl_kind: str = field(default="k3", metadata=_help(f"KL estimator: {KL_KINDS} (a trailing '+' = straight-through)."))
+    use_kl_in_reward: bool = field(
+        default=False, metadata=_help("True: subtract kl_coef * KL from token rewards (PPO-style); False: KL loss term.")
+    )
+    entropy_coef: float = field(default=0.0, metadata=_help("Entropy bonus coefficient in the loss."))
+
+    # ----- evaluation -----
+    eval_num_generations: int = field(default=1, metadata=_help("Responses per eval prompt."))
+    eval_do_sample: bool = field(default=False, metadata=_help("Sample at evaluation (default greedy)."))
+    eval_correct_threshold: float = field(
+        default=1.0,
+        metadata=_help("eval accuracy = share of responses whose FIRST reward function scores at least this."),
+    )
+
+    def __post_init__(self):
+        # Rollout rows are raw dataset rows (reward functions read their columns): never drop columns.
+        self.remove_unused_columns = False
+        if isinstance(self.data_key_map, str):
+            self.data_key_map = _parse_json_dict("data_key_map", self.data_key_map)
+        super().__post_init__()
+        _check_names(self)
+        _check_ranges(self)
+        _check_batch_shape(self)
+        _check_rewards(self)
+
+    @property
+    def rollout_generation_batch_size(self) -> int:
+        """Completions per device per rollout round (generation_batch_size resolved)."""
+        return self.generation_batch_size or self.per_device_train_batch_size * self.gradient_accumulation_steps
+
+    @property
+    def prompts_per_round(self) -> int:
+        return self.rollout_generation_batch_size // self.num_generations
+
+    @property
+    def micro_steps_per_round(self) -> int:
+        """Micro-steps (dataloader batches) one rollout round feeds, all ppo_epochs included."""
+        return self.ppo_epochs * self.rollout_generation_batch_size // self.per_device_train_batch_size
+
+
+def _parse_json_dict(name: str, text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{name}={text!r} is not valid JSON ({err}); write it as '{{\"prompt\": \"question\"}}'.")
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a JSON object such as '{{\"prompt\": \"question\"}}', got {text!r}.")
+    return value
+
+
+def _one_of(name: str, value: str, valid) -> None:
+    if value not in valid:
+        raise ValueError(f"{name}={value!r} is unknown; valid: {', '.join(sorted(valid))}.")
+
+
+def _check_names(cfg: VerlConfig) -> None:
+    _one_of("adv_estimator", cfg.adv_estimator, ADVANTAGE_ESTIMATORS)
+    _one_of("policy_loss", cfg.policy_loss, POLICY_LOSSES)
+    _one_of("loss_agg_mode", cfg.loss_agg_mode, LOSS_AGG_MODES)
+    _one_of("kl_kind", cfg.kl_kind.rstrip("+"), KL_KINDS)
+    _one_of("rollout_engine", cfg.rollout_engine, ROLLOUT_ENGINES)
+
+
+def _check_ranges(cfg: VerlConfig) -> None:
+    checks = [
+        ("temperature", cfg.temperature > 0, "must be > 0 (use eval_do_sample=False for greedy decoding)"),
+        ("top_p", 0 < cfg.top_p <= 1, "must be in (0, 1]"),
+        ("top_k", cfg.top_k >= 0, "must be >= 0 (0 disables it)"),
+        ("max_prompt_length", cfg.max_prompt_length > 0, "must be > 0"),
+        ("max_response_length", cfg.max_response_length > 0, "must be > 0"),
+        ("num_generations", cfg.num_generations >= 1, "must be >= 1"),
+        ("eval_num_generations", cfg.eval_num_generations >= 1, "must be >= 1"),
+        ("ppo_epochs", cfg.ppo_epochs >= 1, "must be >= 1"),
+        ("clip_ratio_low", 0 <= cfg.clip_ratio_low < 1, "must be in [0, 1)"),
+        ("clip_ratio_high", cfg.clip_ratio_high >= 0, "must be >= 0"),
+        ("clip_ratio_c", cfg.clip_ratio_c > 1, "must be > 1 (dual-clip bound)"),
+        ("kl_coef", cfg.kl_coef >= 0, "must be >= 0"),
+        ("entropy_coef", cfg.entropy_coef >= 0, "must be >= 0"),
+    ]
+    for name, ok, fix in checks:
+        if not ok:
+            raise ValueError(f"{name}={getattr(cfg, name)!r} {fix}.")
+    if cfg.adv_estimator in GROUP_ESTIMATORS and cfg.num_generations < 2:
+        raise ValueError(
+            f"adv_estimator={cfg.adv_estimator!r} compares the responses of one prompt, so it needs "
+            f"num_generations >= 2 (got {cfg.num_generations}); set num_generations to 2 or more (8 is common)."
+        )
+
+
+def _check_batch_shape(cfg: VerlConfig) -> None:
+    step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
+    gen = cfg.rollout_generation_batch_size
+    if gen % cfg.num_generations:
+        raise ValueError(
+            f"generation batch of {gen} completions (generation_batch_size, default per_device_train_batch_size * "
+            f"gradient_accumulation_steps) is not divisible by num_generations={cfg.num_generations}: "
+            f"each prompt's {cfg.num_generations} responses must be sampled in the same round. Choose sizes so "
+            f"that num_generations divides it, e.g. generation_batch_size={_round_up(gen, cfg.num_generations, step)}."
+        )
+    if gen % step:
+        raise ValueError(
+            f"generation_batch_size={gen} must be a multiple of per_device_train_batch_size * "
+            f"gradient_accumulation_steps = {step}, so that every optimizer step uses responses of one round."
+        )
+
+
+def _round_up(value: int, a: int, b: int) -> int:
+    import math
+
+    lcm = a * b // math.gcd(a, b)
+    return -(-value // lcm) * lcm
+
+
+def _check_rewards(cfg: VerlConfig) -> None:
+    if cfg.reward_weights is not None and cfg.reward_funcs is not None:
+        if len(cfg.reward_weights) != len(cfg.reward_funcs):
+            raise ValueError(
+                f"reward_weights has {len(cfg.reward_weights)} entries but reward_funcs has "
+                f"{len(cfg.reward_funcs)}; give one weight per function."
+            )

@@ -1,0 +1,133 @@
+"""Prompts from `datasets`: column mapping, chat templates, length filtering, and the round sampler.
+
+A dataset needs a `prompt` column holding text or chat messages (a list of {"role", "content"} dicts);
+`data_key_map={"prompt": "question"}` renames columns so that any dataset fits. Every other column is kept
+and handed to the reward functions. Prompts longer than `max_prompt_length` tokens are dropped and counted:
+cutting them would silently change the task.
+
+See it work: tests/test_data.py.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch.utils.data import DataLoader
+
+logger = logging.getLogger(__name__)
+
+PROMPT_IDS = "prompt_ids"
+
+
+def apply_key_map(dataset, data_key_map: dict | None, split: str):
+    """Rename dataset columns as `data_key_map` ({our name: their column}) says; check `prompt` exists."""
+    columns = list(dataset.column_names)
+    renames = {}
+    for ours, theirs in (data_key_map or {}).items():
+        if theirs not in columns:
+            raise ValueError(
+                f"data_key_map maps {ours!r} to column {theirs!r}, but the {split} dataset has columns {columns}."
+            )
+        if ours in columns and ours != theirs:
+            raise ValueError(
+                f"data_key_map maps {ours!r} to {theirs!r}, but the {split} dataset already has a {ours!r} column; "
+                f"drop it first (dataset.remove_columns({ours!r}))."
+            )
+        if ours != theirs:
+            renames[theirs] = ours
+    dataset = dataset.rename_columns(renames) if renames else dataset
+    if "prompt" not in dataset.column_names:
+        raise ValueError(
+            f"the {split} dataset has no 'prompt' column (columns: {list(dataset.column_names)}). Rename one with "
+            f"VerlConfig(data_key_map={{'prompt': '<your column>'}})."
+        )
+    return dataset
+
+
+def tokenize_prompt(tokenizer, prompt) -> list[int]:
+    """Token ids of one prompt: text as is, chat messages through the tokenizer's chat template."""
+    if isinstance(prompt, str):
+        return tokenizer(prompt).input_ids
+    if isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                "the prompts are chat messages but the tokenizer has no chat_template; set "
+                "tokenizer.chat_template, or give plain-text prompts."
+            )
+        ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    raise ValueError(
+        f"a prompt must be text or a list of chat messages ({{'role': ..., 'content': ...}}), got {type(prompt).__name__}: "
+        f"{str(prompt)[:80]!r}"
+    )
+
+
+def prepare_prompts(dataset, tokenizer, data_key_map: dict | None, max_prompt_length: int, split: str):
+    """Map columns, add `prompt_ids`, drop over-long prompts (logged). Returns the new dataset."""
+    dataset = apply_key_map(dataset, data_key_map, split)
+    if PROMPT_IDS in dataset.column_names:
+        dataset = dataset.remove_columns(PROMPT_IDS)
+    dataset = dataset.map(lambda row: {PROMPT_IDS: tokenize_prompt(tokenizer, row["prompt"])}, desc="tokenize prompts")
+    before = len(dataset)
+    dataset = dataset.filter(lambda row: 0 < len(row[PROMPT_IDS]) <= max_prompt_length, desc="filter prompt length")
+    dropped = before - len(dataset)
+    if dropped:
+        logger.warning(f"{split}: dropped {dropped} of {before} prompts longer than max_prompt_length={max_prompt_length} tokens (or empty).")
+    if len(dataset) == 0:
+        raise ValueError(f"every {split} prompt is longer than max_prompt_length={max_prompt_length} tokens; raise it.")
+    dataset.info.description = f"{dropped}"  # the count survives for the trainer's first log
+    return dataset
+
+
+def keep_rows(rows: list[dict]) -> list[dict]:
+    """Collate function: a batch is the list of dataset rows (reward functions need every column)."""
+    return rows
+
+
+class RoundBatchSampler:
+    """Yields, for each rollout round, this process's prompt indices, `repeats` times in a row.
+
+    The trainer samples once at the first repeat and uses the later ones only to count micro-steps, so the
+    Trainer's own step, epoch and resume arithmetic stays true. Each process gets disjoint prompts; the
+    order depends only on (seed, epoch), so a resumed run walks the same path.
+    """
+
+    def __init__(self, num_rows, prompts_per_round, repeats, num_processes=1, process_index=0, seed=0, shuffle=True):
+        self.num_rows, self.prompts_per_round, self.repeats = num_rows, prompts_per_round, repeats
+        self.num_processes, self.process_index = num_processes, process_index
+        self.seed, self.shuffle, self.epoch = seed, shuffle, 0
+        if self.num_rounds == 0:
+            raise ValueError(
+                f"the train dataset has {num_rows} prompts but one rollout round takes {prompts_per_round} prompts "
+                f"on each of {num_processes} processes; add prompts or lower generation_batch_size."
+            )
+
+    @property
+    def num_rounds(self) -> int:
+        return self.num_rows // (self.prompts_per_round * self.num_processes)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        if self.shuffle:
+            order = torch.randperm(self.num_rows, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        else:
+            order = torch.arange(self.num_rows)
+        per_round = self.prompts_per_round
+        for r in range(self.num_rounds):
+            start = (r * self.num_processes + self.process_index) * per_round
+            indices = order[start : start + per_round].tolist()
+            for _ in range(self.repeats):
+                yield indices
+
+    def __len__(self) -> int:
+        return self.num_rounds * self.repeats
+
+
+class RoundDataLoader(DataLoader):
+    """A DataLoader whose epoch reaches the round sampler (the Trainer calls `set_epoch`)."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.batch_sampler.set_epoch(epoch)

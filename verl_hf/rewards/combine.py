@@ -1,0 +1,169 @@
+"""Run several reward functions on one batch and combine their scores.
+
+Each function is called once per batch. A None score means "this function
+does not judge this sample": the sample's reward is the weighted sum over
+only the functions that did score it (so None is *not* 0). A sample that no
+function scored gets reward NaN and valid=False, for the trainer to drop.
+
+See it work: tests/test_rewards.py
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+_RESERVED = ("prompts", "completions", "completion_ids")
+
+
+@dataclass
+class RewardResult:
+    """Scores for one batch of B completions from F reward functions.
+
+    rewards:      (B,) float32, weighted sum over the functions that scored
+                  each sample; NaN where none did.
+    valid:        (B,) bool, False where no function scored the sample.
+    per_function: (B, F) float32 raw scores, NaN where a function gave None.
+    names:        the F function names, in column order.
+    """
+    rewards: torch.Tensor
+    valid: torch.Tensor
+    per_function: torch.Tensor
+    names: list[str]
+
+    def metrics(self) -> dict[str, float]:
+        """reward/mean and reward/std (population) over valid samples, and
+        reward/<name>/mean over each function's non-None scores. Functions
+        with no scores this batch are left out so every value is finite."""
+        out = {}
+        valid_rewards = self.rewards[self.valid]
+        if valid_rewards.numel():
+            out["reward/mean"] = valid_rewards.mean().item()
+            # Population std: one valid sample gives 0, not NaN.
+            out["reward/std"] = valid_rewards.std(unbiased=False).item()
+        for j, name in enumerate(self.names):
+            column = self.per_function[:, j]
+            scored = column[~torch.isnan(column)]
+            if scored.numel():
+                out[f"reward/{name}/mean"] = scored.mean().item()
+        return out
+
+
+def _as_list(name: str, output, n: int) -> list:
+    """Accept list/tuple/1-D tensor/1-D ndarray of length n; return a list."""
+    if isinstance(output, torch.Tensor) or type(output).__name__ == "ndarray":
+        # ndarray checked by name: numpy is optional for this package.
+        if output.ndim != 1:
+            raise ValueError(
+                f"reward function {name!r} returned a {output.ndim}-D "
+                f"{type(output).__name__} of shape {tuple(output.shape)}; "
+                f"return one score per completion (a list or 1-D array)")
+        output = output.tolist()
+    if not isinstance(output, (list, tuple)):
+        raise TypeError(
+            f"reward function {name!r} returned {type(output).__name__} "
+            f"{output!r:.80}; return a list with one float (or None) per "
+            f"completion")
+    if len(output) != n:
+        raise ValueError(
+            f"reward function {name!r} returned {len(output)} scores for {n} "
+            f"completions; return exactly one score (or None) per completion")
+    return list(output)
+
+
+def _check_score(name: str, index: int, value) -> float:
+    """A finite number (bool counts as 0/1) as float, or NaN for None."""
+    if value is None:
+        return math.nan
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"reward function {name!r} returned {value!r} "
+            f"({type(value).__name__}) for sample {index}; return a float, "
+            f"or None to leave the sample unscored")
+    if not math.isfinite(float(value)):
+        raise ValueError(
+            f"reward function {name!r} returned {value!r} for sample {index}; "
+            f"scores must be finite -- return None (not NaN) to leave a "
+            f"sample unscored")
+    return float(value)
+
+
+def _check_inputs(reward_funcs, weights, completions, prompts,
+                  completion_ids, columns) -> list[float]:
+    """Validate batch alignment and weights; return the weights as floats."""
+    if not reward_funcs:
+        raise ValueError("score_completions: reward_funcs is empty; pass at "
+                         "least one (name, function) pair")
+    n = len(completions)
+    if n == 0:
+        raise ValueError("score_completions: got 0 completions; pass a "
+                         "non-empty batch")
+    aligned = {"prompts": prompts, "completion_ids": completion_ids, **columns}
+    for key, values in aligned.items():
+        if key in _RESERVED and key in columns:
+            raise ValueError(
+                f"dataset column {key!r} clashes with a reward-function "
+                f"argument of the same name; rename the column")
+        if not hasattr(values, "__len__"):
+            raise TypeError(
+                f"{key!r} is a {type(values).__name__}, not a list; pass "
+                f"each column as a list aligned with completions")
+        if len(values) != n:
+            raise ValueError(
+                f"{key!r} has {len(values)} entries for {n} completions; "
+                f"every column must be aligned with completions")
+    if weights is None:
+        return [1.0] * len(reward_funcs)
+    if len(weights) != len(reward_funcs):
+        raise ValueError(
+            f"got {len(weights)} reward weights {list(weights)} for "
+            f"{len(reward_funcs)} reward functions "
+            f"{[name for name, _ in reward_funcs]}; give one weight per "
+            f"function or none")
+    return [float(w) for w in weights]
+
+
+def score_completions(reward_funcs: list[tuple[str, Callable]],
+                      weights: list[float] | None, *, prompts, completions,
+                      completion_ids, columns: dict[str, list]) -> RewardResult:
+    """Call every reward function once on the batch and combine the scores.
+
+    Each function gets prompts=, completions=, completion_ids= and the dataset
+    columns as keyword arguments. reward[i] = sum over functions j that scored
+    sample i of weights[j] * score[i, j] (weights default to 1.0).
+    """
+    w = _check_inputs(reward_funcs, weights, completions, prompts,
+                      completion_ids, columns)
+    n = len(completions)
+    per_function = torch.empty(n, len(reward_funcs), dtype=torch.float32)
+    for j, (name, func) in enumerate(reward_funcs):
+        try:
+            output = func(prompts=prompts, completions=completions,
+                          completion_ids=completion_ids, **columns)
+        except Exception as exc:
+            exc.add_note(f"(raised inside reward function {name!r})")
+            raise
+        scores = _as_list(name, output, n)
+        per_function[:, j] = torch.tensor(
+            [_check_score(name, i, v) for i, v in enumerate(scores)],
+            dtype=torch.float32)
+    scored = ~torch.isnan(per_function)
+    valid = scored.any(dim=1)
+    if not valid.any():
+        raise ValueError(
+            f"every reward function returned None for all {n} samples of this "
+            f"batch ({[name for name, _ in reward_funcs]}); make at least one "
+            f"function score each batch, e.g. add a fallback reward that "
+            f"never returns None")
+    weighted = torch.where(scored, per_function * torch.tensor(w), 0.0)
+    rewards = weighted.sum(dim=1)
+    rewards[~valid] = math.nan
+    return RewardResult(rewards=rewards, valid=valid,
+                        per_function=per_function,
+                        names=[name for name, _ in reward_funcs])

@@ -1,0 +1,60 @@
+"""Rollouts with `model.generate` from transformers: the engine that needs nothing beyond the training model.
+
+It samples from the training model's own weights, so `load_weights` has nothing to copy.
+Prompts are left-padded so that every response starts at the same column.
+
+See it work: tests/test_rollout_hf.py.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Rollout, SamplingConfig, left_pad, mask_after_eos
+
+
+class HFGenerateEngine:
+    def __init__(self, model, pad_token_id: int, eos_token_ids: list[int]):
+        self.model = model
+        self.pad_token_id = pad_token_id
+        self.eos_token_ids = list(eos_token_ids)
+
+    def load_weights(self, named_tensors) -> None:
+        """Nothing to do: generation runs on the training model itself."""
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], params: SamplingConfig) -> Rollout:
+        device = next(self.model.parameters()).device
+        ids, mask = left_pad(prompt_ids, self.pad_token_id)
+        ids, mask = ids.to(device), mask.to(device)
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            out = self.model.generate(
+                input_ids=ids, attention_mask=mask, generation_config=self._generation_config(params),
+            )
+        finally:
+            self.model.train(was_training)
+        response = out[:, ids.shape[1] :]
+        if response.shape[1] == 0:  # every prompt ended at once; keep one (masked) column
+            response = torch.full((out.shape[0], 1), self.pad_token_id, dtype=torch.long, device=device)
+        response, response_mask, truncated = mask_after_eos(response, self.eos_token_ids, self.pad_token_id)
+        n = params.num_return_sequences
+        return Rollout(
+            prompt_ids=ids.repeat_interleave(n, dim=0), prompt_mask=mask.repeat_interleave(n, dim=0),
+            response_ids=response, response_mask=response_mask, truncated=truncated,
+        )
+
+    def _generation_config(self, params: SamplingConfig):
+        from transformers import GenerationConfig
+
+        sampling = {}
+        if params.do_sample:
+            sampling = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}
+        return GenerationConfig(
+            max_new_tokens=params.max_new_tokens, do_sample=params.do_sample,
+            num_return_sequences=params.num_return_sequences, pad_token_id=self.pad_token_id,
+            eos_token_id=self.eos_token_ids, use_cache=True, **sampling,
+        )
