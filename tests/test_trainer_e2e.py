@@ -48,7 +48,7 @@ def test_trainer_features_and_exact_resume(tmp_path, warm_start_dir, addition):
     full = VerlTrainer(model=warm_start_dir, args=_features_config(tmp_path), train_dataset=train,
                        eval_dataset=test, callbacks=[recorder])
     full.train()
-    assert full.state.global_step == 6
+    assert full.state.global_step == 6 and full.state.total_flos > 0
     train_logs = [log for log in recorder.logs if "reward/mean" in log]
     assert len(train_logs) == 3  # steps 2, 4, 6
     for key in ("reward/mean", "reward/std", "reward/gsm8k/mean", "kl" if False else "actor/entropy",

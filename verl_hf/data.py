@@ -76,7 +76,6 @@ def prepare_prompts(dataset, tokenizer, data_key_map: dict | None, max_prompt_le
         logger.warning(f"{split}: dropped {dropped} of {before} prompts longer than max_prompt_length={max_prompt_length} tokens (or empty).")
     if len(dataset) == 0:
         raise ValueError(f"every {split} prompt is longer than max_prompt_length={max_prompt_length} tokens; raise it.")
-    dataset.info.description = f"{dropped}"  # the count survives for the trainer's first log
     return dataset
 
 

@@ -80,6 +80,7 @@ class VerlTrainer(Trainer):
         self._round: list[RolloutBatch] = []
         self._micro_step = 0
         self._metrics: dict[str, list[float]] = defaultdict(list)
+        self._last_phase_seconds = 0.0
 
     # ------------------------------------------------------------------ the RL step
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -217,6 +218,15 @@ class VerlTrainer(Trainer):
         if args.entropy_coef:
             loss = loss - args.entropy_coef * agg_loss(entropy, mask, args.loss_agg_mode, **norms)
         return loss
+
+    def floating_point_ops(self, inputs) -> int:
+        """Training FLOPs of the micro-step just run (6 x parameters x tokens), for `total_flos`."""
+        micro_batch = self._round[(self._micro_step - 1) % self.args.micro_steps_per_round] if self._round else None
+        if micro_batch is None:
+            return 0
+        if not hasattr(self, "_num_params"):
+            self._num_params = sum(p.numel() for p in self.model.parameters())
+        return 6 * self._num_params * int(micro_batch.attention_mask.sum())
 
     # ------------------------------------------------------------------ data
     def get_train_dataloader(self):
