@@ -48,7 +48,7 @@ def test_unknown_names_list_valid_ones():
     assert str(e.value) == (
         f"unknown advantage estimator 'x'; valid: {valid}. Register your own with @register_advantage('x')."
     )
-    assert "grpo, rloo" in valid
+    assert "gae, grpo, remax, rloo" in valid
     pattern = r"unknown policy loss 'y'; valid: .*reinforce, vanilla.*@register_policy_loss\('y'\)"
     with pytest.raises(ValueError, match=pattern):
         get_policy_loss("y")
@@ -367,3 +367,52 @@ def test_zero_length_response_and_permutation_invariance(fn):
     perm = torch.tensor([5, 3, 0, 4, 1, 2])
     adv_p, _ = fn(rewards[perm], mask[perm], ids[perm])
     close(adv_p, adv[perm])
+
+
+# ---------------------------------------------------------------- GAE, ReMax, value loss
+def test_gae_hand_example_no_whiten():
+    from verl_hf.algorithms import gae_advantages
+
+    # one response of 2 tokens (third column is padding), reward 1 on the last token, V = 0.5, 0.8
+    # gamma = lam = 1: t=1 delta = 1 + 0 - 0.8 = 0.2 -> A1 = 0.2; t=0 delta = 0 + 0.8 - 0.5 = 0.3 -> A0 = 0.5
+    # returns R = A + V = 1.0, 1.0
+    r = torch.tensor([[0.0, 1.0, 0.0]])
+    m = torch.tensor([[1.0, 1.0, 0.0]])
+    v = torch.tensor([[0.5, 0.8, 9.0]])  # the padded value must not leak in
+    adv, ret = gae_advantages(r, m, v, gamma=1.0, lam=1.0, whiten=False)
+    assert torch.allclose(adv, torch.tensor([[0.5, 0.2, 0.0]]))
+    assert torch.allclose(ret, torch.tensor([[1.0, 1.0, 0.0]]))
+    # gamma = lam = 0.5: A1 = 0.2; delta0 = 0 + 0.5*0.8 - 0.5 = -0.1 -> A0 = -0.1 + 0.25*0.2 = -0.05
+    adv, ret = gae_advantages(r, m, v, gamma=0.5, lam=0.5, whiten=False)
+    assert torch.allclose(adv, torch.tensor([[-0.05, 0.2, 0.0]]))
+    assert torch.allclose(ret, torch.tensor([[0.45, 1.0, 0.0]]))
+
+
+def test_gae_whitened_over_valid_tokens():
+    from verl_hf.algorithms import gae_advantages
+
+    r = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, -1.0]])
+    m = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    adv, _ = gae_advantages(r, m, torch.zeros(2, 3))
+    valid = adv[m.bool()]
+    assert abs(valid.mean().item()) < 1e-6 and abs(valid.var().item() - 1.0) < 0.3 and adv[0, 2] == 0
+
+
+def test_remax_hand_example():
+    from verl_hf.algorithms import remax_advantages
+
+    # rewards 1 and 2 on the last tokens; greedy baselines 0.5 and 1.0 -> A = 0.5 and 1.0 on every valid token
+    r = torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]])
+    m = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    adv, ret = remax_advantages(r, m, torch.tensor([0.5, 1.0]))
+    assert torch.allclose(ret, torch.tensor([[1.0, 1.0, 1.0], [2.0, 2.0, 0.0]]))
+    assert torch.allclose(adv, torch.tensor([[0.5, 0.5, 0.5], [1.0, 1.0, 0.0]]))
+
+
+def test_value_loss_clipped_hand_example():
+    from verl_hf.algorithms import value_loss
+
+    # V = 1.0, V_old = 0.5, R = 2.0, clip 0.2 -> clipped V = 0.7; (1-2)^2 = 1, (0.7-2)^2 = 1.69 -> 0.5 * 1.69
+    loss, metrics = value_loss(torch.tensor([[1.0]]), torch.tensor([[0.5]]), torch.tensor([[2.0]]),
+                               torch.tensor([[1.0]]), cliprange_value=0.2)
+    assert loss.item() == pytest.approx(0.845) and metrics["vf_clip_frac"] == 1.0

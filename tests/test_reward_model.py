@@ -1,42 +1,57 @@
-"""A sequence-classification reward model scores as one more reward function."""
+"""RewardModel: scores text with its own tokenizer; works as a reward function in VerlTrainer."""
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForSequenceClassification
+from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerFast
+from tokenizers import Tokenizer, models, pre_tokenizers
 
 from conftest import small_config
-from verl_hf import VerlTrainer
-from verl_hf.rewards.model import RewardModelFunction, reward_model_function
+from verl_hf import Actor, RewardModel, VerlTrainer
 
 
-def _score_model(tokenizer, num_labels=1, path=None):
+def _score_model(vocab_size, pad_id, num_labels=1):
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                         num_attention_heads=1, head_dim=64, num_labels=num_labels, pad_token_id=tokenizer.pad_token_id)
-    model = LlamaForSequenceClassification(config)
-    if path is not None:
-        model.save_pretrained(path)
-        tokenizer.save_pretrained(path)
-    return model
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=1, head_dim=64, num_labels=num_labels, pad_token_id=pad_id)
+    return LlamaForSequenceClassification(config)
 
 
-def test_reward_model_scores_prompt_plus_completion(tokenizer, tmp_path):
-    model = _score_model(tokenizer, path=tmp_path)
-    fn = reward_model_function(str(tmp_path))
-    scores = fn(prompts=["What is 1 plus 2?\n"] * 2, completions=["#### 3", "#### 4"], completion_ids=None)
-    assert len(scores) == 2 and scores[0] != scores[1]
-    enc = tokenizer(["What is 1 plus 2?\n#### 3"], return_tensors="pt")
+def _word_tokenizer():
+    """A tokenizer unlike the policy's (whole words, not characters)."""
+    words = ["<pad>", "<unk>", "What", "is", "plus", "?", "####"] + [str(i) for i in range(200)]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", unk_token="<unk>")
+
+
+def test_different_tokenizer_scores_the_same_text_as_a_direct_call(policy, tokenizer):
+    rm_tok = _word_tokenizer()
+    model = _score_model(len(rm_tok), rm_tok.pad_token_id)
+    rm = RewardModel(model, rm_tok)
+    actor = Actor(policy, tokenizer)
+    seqs = actor.generate_sequences(["What is 12 plus 34?\n", "What is 5 plus 60?\n"], max_new_tokens=10,
+                                    num_return_sequences=2, seed=0)
+    scores = rm.score(seqs)
+    assert scores.shape == (4,)
+    for i in range(4):
+        text = seqs.prompts[i] + seqs.completions[i]
+        with torch.no_grad():
+            direct = model(**rm_tok([text], return_tensors="pt")).logits[0, 0].item()
+        assert scores[i].item() == pytest.approx(direct, abs=1e-5)
+
+
+def test_two_labels_need_a_label_index(tokenizer):
+    model = _score_model(len(tokenizer), tokenizer.pad_token_id, num_labels=2)
+    with pytest.raises(ValueError, match="num_labels=2; say which logit is the reward with label_index"):
+        RewardModel(model, tokenizer)
+    rm = RewardModel(model, tokenizer, label_index=1)
     with torch.no_grad():
-        assert scores[0] == pytest.approx(model(**enc).logits[0, 0].item(), abs=1e-5)
-
-
-def test_two_label_model_is_refused_with_the_fix(tokenizer):
-    with pytest.raises(ValueError, match="num_labels=2.*num_labels=1"):
-        RewardModelFunction(_score_model(tokenizer, num_labels=2), tokenizer)
+        expected = model(**tokenizer(["What is 1 plus 2?\n#### 3"], return_tensors="pt")).logits[0, 1].item()
+    assert rm(["What is 1 plus 2?\n"], ["#### 3"])[0] == pytest.approx(expected, abs=1e-5)
 
 
 def test_trainer_with_reward_model(tmp_path, warm_start_dir, addition, tokenizer):
-    rm = RewardModelFunction(_score_model(tokenizer), tokenizer)
+    rm = RewardModel(_score_model(len(tokenizer), tokenizer.pad_token_id), tokenizer)
     args = small_config(tmp_path, reward_funcs=None, reward_weights=None, max_steps=1)
     trainer = VerlTrainer(model=warm_start_dir, args=args, train_dataset=addition[0], reward_model=rm)
     trainer.train()

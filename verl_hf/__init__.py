@@ -13,7 +13,14 @@ See it work: `make demo` (a tiny model learns arithmetic with GRPO on a CPU), ex
 
 __version__ = "0.1.0"
 
+from .batch import GenerationOutput, RolloutBatch
 from .config import VerlConfig
+from .data import RLHFDataset
+from .placement import ResourcePool
+from .roles import Actor, Critic, ReferencePolicy, RewardModel
 from .trainer import VerlTrainer
 
-__all__ = ["VerlConfig", "VerlTrainer", "__version__"]
+__all__ = [
+    "Actor", "Critic", "GenerationOutput", "RLHFDataset", "ReferencePolicy", "ResourcePool", "RewardModel",
+    "RolloutBatch", "VerlConfig", "VerlTrainer", "__version__",
+]

@@ -31,6 +31,7 @@ class RolloutBatch:
     rollout_logprobs: torch.Tensor | None = None  # (B, Lr) from the engine, when it reports them
     old_logprobs: torch.Tensor | None = None  # (B, Lr) actor before the update; None = on-policy (use detached)
     ref_logprobs: torch.Tensor | None = None  # (B, Lr)
+    values: torch.Tensor | None = None  # (B, Lr) critic values at rollout time (PPO)
     rewards: torch.Tensor | None = None  # (B,) weighted sum over reward functions
     reward_per_function: torch.Tensor | None = None  # (B, F), NaN where a function returned None
     valid: torch.Tensor | None = None  # (B,) False where no reward function scored the row
@@ -76,3 +77,7 @@ class RolloutBatch:
         moved = {f.name: getattr(self, f.name).to(device) for f in fields(self)
                  if isinstance(getattr(self, f.name), torch.Tensor)}
         return replace(self, **moved)
+
+
+# The name the single-controller posts use for what `Actor.generate_sequences` returns.
+GenerationOutput = RolloutBatch

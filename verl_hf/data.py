@@ -10,6 +10,7 @@ See it work: tests/test_data.py.
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -130,3 +131,36 @@ class RoundDataLoader(DataLoader):
 
     def set_epoch(self, epoch: int) -> None:
         self.batch_sampler.set_epoch(epoch)
+
+
+class RLHFDataset:
+    """Prompts ready for the roles: `RLHFDataset(dataset, tokenizer, ...).dataloader(batch_size)` yields dicts
+    with `prompt_ids` (lists of token ids), `rows` (the dataset rows, for reward functions) and every column
+    as a list. `actor.generate_sequences(batch)` takes such a batch as it is. Chat prompts (single or
+    multi-turn message lists) go through the tokenizer's chat template.
+    """
+
+    def __init__(self, dataset, tokenizer, max_prompt_length: int = 512, max_response_length: int = 512,
+                 data_key_map: dict | None = None, split: str = "train"):
+        self.dataset = prepare_prompts(dataset, tokenizer, data_key_map, max_prompt_length, split)
+        self.tokenizer, self.max_response_length = tokenizer, max_response_length
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        return self.dataset[index]
+
+    def dataloader(self, batch_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = True) -> DataLoader:
+        generator = torch.Generator().manual_seed(seed)
+        collate = functools.partial(prompt_batch, max_response_length=self.max_response_length)
+        return DataLoader(self.dataset, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
+                          generator=generator, collate_fn=collate)
+
+
+def prompt_batch(rows: list[dict], max_response_length: int | None = None) -> dict:
+    """Collate rows into {"prompt_ids": [...], "rows": rows, <column>: [...], "max_response_length": n}."""
+    batch = {key: [row[key] for row in rows] for key in rows[0]}
+    batch["rows"] = rows
+    batch["max_response_length"] = max_response_length
+    return batch

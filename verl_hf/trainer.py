@@ -20,14 +20,15 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, Trainer, TrainingArguments
 from transformers.trainer_utils import speed_metrics
 
-from .algorithms import agg_loss, get_advantage_estimator, get_policy_loss, kl_penalty, masked_mean
+from .algorithms import (
+    agg_loss, get_advantage_estimator, get_policy_loss, kl_penalty, masked_mean, place_outcome_rewards,
+)
 from .batch import RolloutBatch
 from .config import VerlConfig
 from .data import RoundBatchSampler, RoundDataLoader, keep_rows, prepare_prompts
 from .metrics import accuracy_metric
 from .rewards import resolve_reward_funcs, score_completions
-from .roles import Actor, ReferencePolicy, sequence_logprobs
-from .rollout import HFGenerateEngine, SamplingConfig
+from .roles import Actor, ReferencePolicy, RewardModel
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class VerlTrainer(Trainer):
         if model is None:
             raise ValueError("VerlTrainer needs a policy: model='<id or path>' or a PreTrainedModel (or actor=...).")
         args = _as_verl_config(args, model)
+        _check_trainer_support(args)
         # Cheap checks first: rewards, tokenizer and data fail here, before any model is loaded.
         self.reward_funcs = _resolve_rewards(args, reward_funcs, reward_model)
         self.reward_weights = list(args.reward_weights or [1.0] * len(self.reward_funcs))
@@ -71,9 +73,7 @@ class VerlTrainer(Trainer):
             eval_dataset=eval_dataset, processing_class=tokenizer, callbacks=callbacks, optimizers=optimizers,
             **trainer_kwargs,
         )
-        eos_ids = _eos_ids(self.model, tokenizer)
-        self.actor = Actor(self.model, tokenizer, HFGenerateEngine(self.model, tokenizer.pad_token_id, eos_ids),
-                           temperature=args.temperature)
+        self.actor = Actor(self.model, tokenizer, temperature=args.temperature)
         self.ref_policy = _make_reference(ref_policy, self.model, args) if args.kl_coef > 0 else None
         self.advantage_fn = get_advantage_estimator(args.adv_estimator)
         self.policy_loss_fn = get_policy_loss(args.policy_loss)
@@ -97,13 +97,9 @@ class VerlTrainer(Trainer):
         return self._policy_update(model, micro_batch)          # 5. loss and backward
 
     def _rollout(self, rows: list[dict]) -> RolloutBatch:
-        args = self.args
-        params = SamplingConfig(
-            max_new_tokens=args.max_response_length, num_return_sequences=args.num_generations, do_sample=True,
-            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-        )
         with self._timer("rollout"):
-            batch = self.actor.generate_sequences([r["prompt_ids"] for r in rows], params, rows)
+            batch = self.actor.generate_sequences(
+                prompt_ids=[r["prompt_ids"] for r in rows], rows=rows, **self._sampling(train=True))
         lengths = batch.response_mask.sum(dim=1).float()
         self._record({
             "response_length/mean": lengths.mean().item(), "response_length/max": lengths.max().item(),
@@ -111,6 +107,13 @@ class VerlTrainer(Trainer):
             "rollout/tokens_per_s": lengths.sum().item() / max(self._last_phase_seconds, 1e-9),
         })
         return batch
+
+    def _sampling(self, train: bool) -> dict:
+        """Sampling arguments of `Actor.generate_sequences` for training rollouts or evaluation."""
+        args = self.args
+        return dict(max_new_tokens=args.max_response_length, temperature=args.temperature, top_p=args.top_p,
+                    top_k=args.top_k, num_return_sequences=args.num_generations if train else args.eval_num_generations,
+                    do_sample=True if train else args.eval_do_sample, return_logprobs=False)
 
     def _score(self, batch: RolloutBatch) -> RolloutBatch:
         with self._timer("reward"):
@@ -152,9 +155,7 @@ class VerlTrainer(Trainer):
         args = self.args
         with self._timer("advantage"):
             mask = batch.response_mask.float()
-            # The sequence reward sits on the last response token (zero-length responses: on none).
-            last = (mask.cumsum(dim=1) == mask.sum(dim=1, keepdim=True)) & (mask > 0)
-            token_rewards = last.float() * batch.rewards.unsqueeze(1)
+            token_rewards = place_outcome_rewards(batch.rewards, mask)
             if args.use_kl_in_reward and batch.ref_logprobs is not None:
                 old = batch.old_logprobs if batch.old_logprobs is not None else self._current_logprobs(batch)
                 kl = kl_penalty(old, batch.ref_logprobs, args.kl_kind) * mask
@@ -192,8 +193,8 @@ class VerlTrainer(Trainer):
         mb = mb.to(self.args.device)
         model.train()
         with self.compute_loss_context_manager():
-            logprobs, entropy = sequence_logprobs(
-                model, mb, args.temperature, with_entropy=True, entropy_grad=args.entropy_coef > 0)
+            logprobs, entropy = self.actor.compute_logprobs(
+                mb, model=model, with_entropy=True, entropy_grad=args.entropy_coef > 0)
             loss = self._loss(mb, logprobs, entropy)
         kwargs = {"scale_wrt_gas": False} if self.is_deepspeed_enabled else {}
         self.accelerator.backward(loss, **kwargs)
@@ -263,15 +264,12 @@ class VerlTrainer(Trainer):
 
     def _evaluate_rewards(self, dataset, prefix: str) -> dict[str, float]:
         args = self.args
-        params = SamplingConfig(
-            max_new_tokens=args.max_response_length, num_return_sequences=args.eval_num_generations,
-            do_sample=args.eval_do_sample, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-        )
         shard = dataset.shard(args.world_size, args.process_index, contiguous=True) if args.world_size > 1 else dataset
         rewards, first, lengths = [], [], []
         for start in range(0, len(shard), args.per_device_eval_batch_size):
             rows = [shard[i] for i in range(start, min(start + args.per_device_eval_batch_size, len(shard)))]
-            batch = self.actor.generate_sequences([r["prompt_ids"] for r in rows], params, rows)
+            batch = self.actor.generate_sequences(
+                prompt_ids=[r["prompt_ids"] for r in rows], rows=rows, **self._sampling(train=False))
             result = self._run_reward_funcs(batch)
             rewards.append(result.per_function)
             first.append(result.per_function[:, 0])
@@ -312,6 +310,19 @@ class VerlTrainer(Trainer):
         self._record({f"time/{phase}": self._last_phase_seconds})
 
 
+# Estimators that need inputs VerlTrainer does not produce yet (a critic's values, a greedy baseline).
+_NEEDS_ROLES = {"gae": "a critic (PPO)", "remax": "a greedy baseline rollout (ReMax)"}
+
+
+def _check_trainer_support(args) -> None:
+    if args.adv_estimator in _NEEDS_ROLES:
+        raise ValueError(
+            f"adv_estimator={args.adv_estimator!r} needs {_NEEDS_ROLES[args.adv_estimator]}, which VerlTrainer does "
+            f"not run yet; write the loop over the roles instead (examples/custom_loop_ppo.py, "
+            f"examples/custom_loop_remax.py), or pick grpo / rloo."
+        )
+
+
 def _one_of_aliases(name, value, alias, alias_value):
     if value is not None and alias_value is not None:
         raise ValueError(f"pass either {name}= or {alias}= (they are the same thing), not both.")
@@ -336,9 +347,7 @@ def _resolve_rewards(args: VerlConfig, reward_funcs, reward_model):
     if reward_funcs is not None:
         specs += list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     if reward_model is not None:
-        from .rewards.model import reward_model_function
-
-        specs.append(reward_model_function(reward_model))
+        specs.append(_as_reward_model(reward_model))
     if not specs:
         raise ValueError("no reward: pass reward_funcs=[...] (callables or names such as 'gsm8k') or reward_model=.")
     funcs = resolve_reward_funcs(specs)
@@ -346,6 +355,18 @@ def _resolve_rewards(args: VerlConfig, reward_funcs, reward_model):
         raise ValueError(f"reward_weights has {len(args.reward_weights)} entries for {len(funcs)} reward functions "
                          f"({[n for n, _ in funcs]}); give one weight per function.")
     return funcs
+
+
+def _as_reward_model(reward_model) -> RewardModel:
+    if isinstance(reward_model, RewardModel):
+        return reward_model
+    if isinstance(reward_model, str):
+        return RewardModel.from_pretrained(reward_model)
+    path = getattr(reward_model.config, "_name_or_path", None)
+    if not path:
+        raise ValueError("reward_model has no path to load its tokenizer from; pass "
+                         "reward_model=RewardModel(model, tokenizer=...).")
+    return RewardModel(reward_model, tokenizer=AutoTokenizer.from_pretrained(path))
 
 
 def _load_tokenizer(tokenizer, model):
@@ -382,10 +403,3 @@ def _make_reference(ref_policy, actor_model, args) -> ReferencePolicy:
     if isinstance(ref_policy, str):
         ref_policy = AutoModelForCausalLM.from_pretrained(ref_policy)
     return ReferencePolicy(ref_policy.to(args.device), args.temperature)
-
-
-def _eos_ids(model, tokenizer) -> list[int]:
-    ids = {tokenizer.eos_token_id}
-    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids.update(config_eos if isinstance(config_eos, list) else [config_eos])
-    return sorted(i for i in ids if i is not None)

@@ -1,6 +1,6 @@
 """Algorithm core of verl_hf: pure tensor-in/tensor-out RL math, no model or trainer code.
 
-Advantage estimators (GRPO, Dr.GRPO, RLOO) turn per-token rewards and prompt
+Advantage estimators (GRPO, Dr.GRPO, RLOO, GAE, ReMax) turn per-token rewards and prompt
 group ids into per-token advantages; policy losses (PPO clip with DAPO
 clip-higher and dual-clip, REINFORCE) turn log-probs and advantages into a
 scalar loss plus float metrics, reduced by ``agg_loss`` whose whole-step
@@ -29,10 +29,11 @@ from .utils import (
     masked_sum,
     masked_var,
     masked_whiten,
+    place_outcome_rewards,
 )
 from .kl import KL_KINDS, kl_penalty
-from .losses import LOSS_AGG_MODES, agg_loss, ppo_clip_loss, reinforce_loss
-from .advantages import grpo_advantages, rloo_advantages
+from .losses import LOSS_AGG_MODES, agg_loss, ppo_clip_loss, reinforce_loss, value_loss
+from .advantages import gae_advantages, grpo_advantages, remax_advantages, rloo_advantages
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -48,6 +49,9 @@ __all__ = [
     "ppo_clip_loss",
     "reinforce_loss",
     "grpo_advantages",
+    "gae_advantages",
+    "remax_advantages",
+    "value_loss",
     "rloo_advantages",
     "entropy_from_logits",
     "logprobs_from_logits",
@@ -55,4 +59,5 @@ __all__ = [
     "masked_mean",
     "masked_var",
     "masked_whiten",
+    "place_outcome_rewards",
 ]

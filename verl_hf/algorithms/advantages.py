@@ -101,3 +101,63 @@ def rloo_advantages(
     no_signal = (count < 2) | _group_all_equal(scores, inverse, num_groups)
     adv = torch.where(no_signal, torch.zeros_like(adv), adv)
     return _broadcast(adv, token_level_rewards, response_mask)
+
+
+def _reverse_cumsum(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Return-to-go G_t = sum_{t' >= t} r_t' m_t' (gamma = 1).  (B, T) -> (B, T)."""
+    masked = token_level_rewards * response_mask
+    return masked.flip(-1).cumsum(-1).flip(-1)
+
+
+@register_advantage("gae")
+def gae_advantages(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    values: torch.Tensor,
+    *,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    whiten: bool = True,
+    **unused,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation (Schulman et al. 2016).  (B, T) x3 -> (advantages (B, T), returns (B, T)).
+
+    Formula: delta_t = r_t + gamma V_{t+1} - V_t, A_t = delta_t + gamma lam A_{t+1}, returns R_t = A_t + V_t;
+    the value after the last response token is 0. Advantages are whitened over the batch's valid tokens
+    (as in PPO implementations: Ouyang et al. 2022, verl); returns are not.
+    """
+    from .utils import masked_whiten
+
+    mask = response_mask.to(values.dtype)
+    rewards = token_level_rewards.to(values.dtype)
+    next_value = values.new_zeros(values.shape[0])
+    next_advantage = values.new_zeros(values.shape[0])
+    advantages = torch.zeros_like(values)
+    for t in reversed(range(values.shape[1])):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        advantage = delta + gamma * lam * next_advantage
+        # Padding keeps carrying "after the end" (value 0, advantage 0) back to the last valid token.
+        next_value = torch.where(mask[:, t] > 0, values[:, t], next_value)
+        next_advantage = torch.where(mask[:, t] > 0, advantage, next_advantage)
+        advantages[:, t] = advantage * mask[:, t]
+    returns = (advantages + values) * mask
+    if whiten:
+        advantages = masked_whiten(advantages, mask) * mask
+    return advantages, returns
+
+
+@register_advantage("remax")
+def remax_advantages(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    reward_baselines: torch.Tensor,
+    **unused,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """ReMax: REINFORCE with the greedy response's reward as baseline (Li et al. 2024).
+
+    Shapes: (B, T), (B, T), (B,) -> (advantages (B, T), returns (B, T)).
+    Formula: A_t = G_t - b, G_t = sum_{t' >= t} r_t' (return-to-go), b = reward of the greedy response.
+    """
+    returns = _reverse_cumsum(token_level_rewards, response_mask)
+    advantages = (returns - reward_baselines.to(returns.dtype).unsqueeze(-1)) * response_mask
+    return advantages, returns

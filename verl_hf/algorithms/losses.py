@@ -122,3 +122,30 @@ def reinforce_loss(
     loss = agg_loss(-advantages * logprobs, response_mask, loss_agg_mode,
                     num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=norm_constant)
     return loss, {}
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    cliprange_value: float = 0.2,
+    loss_agg_mode: str = "token-mean",
+    num_tokens=None,
+    num_seqs=None,
+    norm_constant: Optional[float] = None,
+) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """Clipped value loss (PPO2 baselines; Ouyang et al. 2022).  (B, T) x4 -> (scalar loss, metrics).
+
+    Formula: l_t = 0.5 max((V_t - R_t)^2, (clip(V_t, V_old - c, V_old + c) - R_t)^2).
+    """
+    clipped = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
+    unclipped_loss, clipped_loss = (values - returns).square(), (clipped - returns).square()
+    loss_mat = 0.5 * torch.maximum(unclipped_loss, clipped_loss)
+    loss = agg_loss(loss_mat, response_mask, loss_agg_mode,
+                    num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=norm_constant)
+    with torch.no_grad():
+        metrics = {"vf_clip_frac": masked_mean((clipped_loss > unclipped_loss).float(), response_mask).item(),
+                   "vpred_mean": masked_mean(values, response_mask).item()}
+    return loss, metrics

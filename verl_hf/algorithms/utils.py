@@ -82,3 +82,13 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
     # dtype is kept: upcast the logits yourself if bf16 log-probs are too coarse for your ratio.
     logp = torch.log_softmax(logits, dim=-1)
     return logp.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1)
+
+
+def place_outcome_rewards(rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Put each sequence's scalar reward on its last response token.  (B,), (B, T) -> (B, T).
+
+    Formula: r_t = R * [t = last valid token]; rows with no valid token get no reward.
+    """
+    mask = response_mask.float()
+    last = (mask.cumsum(dim=-1) == mask.sum(dim=-1, keepdim=True)) & (mask > 0)
+    return last.float() * rewards.float().unsqueeze(-1)

@@ -1,9 +1,14 @@
-"""`Actor`: the policy being trained, with the algorithm's verbs (sample responses, score their log-probs).
+"""`Actor`: the policy being trained, with the algorithm's verbs.
 
-It wraps an HF causal LM and a rollout engine. Log-probs are computed on logits divided by the sampling
-temperature, so they describe the distribution the responses were drawn from.
+- `generate_sequences(...)` samples responses through the rollout engine and returns a `GenerationOutput`
+  (`RolloutBatch`): prompt and response ids, masks, sampling log-probs, decoded completions.
+- `get_logprobs(sequences)` scores responses without gradients; `compute_logprobs(sequences)` with them.
+- `update(loss)` / `backward(loss)` + `step()` for custom loops (VerlTrainer steps its own optimizer).
 
-See it work: tests/test_roles.py.
+Log-probs use logits divided by the sampling temperature, so they describe the distribution the responses
+were drawn from.
+
+See it work: tests/test_roles.py, examples/custom_loop_ppo.py.
 """
 
 from __future__ import annotations
@@ -12,17 +17,17 @@ import torch
 
 from ..algorithms import entropy_from_logits, logprobs_from_logits
 from ..batch import RolloutBatch
-from ..rollout import SamplingConfig
+from ..rollout import HFGenerateEngine, SamplingConfig
+from .base import TrainableRole
 
 
 def sequence_logprobs(model, batch: RolloutBatch, temperature: float = 1.0, with_entropy: bool = False,
                       entropy_grad: bool = False):
     """Log-probs (B, Lr) of the response tokens under `model`, and their entropies (B, Lr) or None.
 
-    Entropies carry gradients only with `entropy_grad` (an entropy bonus); as a metric they cost no graph.
-
     Positions follow the attention mask (left padding shifts them), exactly as `generate` numbered them.
     Only the logits of response positions are computed (`logits_to_keep`), not the prompt's.
+    Entropies carry gradients only with `entropy_grad` (an entropy bonus); as a metric they cost no graph.
     """
     attention_mask = batch.attention_mask
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
@@ -40,36 +45,91 @@ def sequence_logprobs(model, batch: RolloutBatch, temperature: float = 1.0, with
     return logprobs, entropy
 
 
-class Actor:
-    def __init__(self, model, tokenizer, engine, temperature: float = 1.0):
-        self.model, self.tokenizer, self.engine, self.temperature = model, tokenizer, engine, temperature
+def _eos_ids(model, tokenizer) -> list[int]:
+    ids = {tokenizer.eos_token_id}
+    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(config_eos if isinstance(config_eos, list) else [config_eos])
+    return sorted(i for i in ids if i is not None)
 
-    def generate_sequences(self, prompt_ids: list[list[int]], params: SamplingConfig, rows: list[dict] | None = None):
-        """Sample `params.num_return_sequences` responses per prompt; returns a RolloutBatch.
 
-        `rows` (the dataset rows of the prompts) travel along, repeated per response, for the reward functions.
+class Actor(TrainableRole):
+    from transformers import AutoModelForCausalLM as auto_class
+
+    def __init__(self, model, tokenizer=None, engine=None, temperature: float = 1.0, learning_rate: float = 1e-5,
+                 max_grad_norm: float | None = 1.0):
+        super().__init__(model, tokenizer, learning_rate=learning_rate, max_grad_norm=max_grad_norm)
+        if tokenizer is None:
+            raise ValueError("Actor needs a tokenizer: Actor(model, tokenizer=...) or Actor.from_pretrained(path).")
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        self.temperature = temperature
+        self.engine = engine or HFGenerateEngine(model, tokenizer.pad_token_id, _eos_ids(model, tokenizer))
+
+    # ---------------------------------------------------------------- sampling
+    def generate_sequences(self, prompts=None, *, prompt_ids=None, input_ids=None, attention_mask=None,
+                           max_new_tokens: int | None = None, num_return_sequences: int = 1, temperature: float | None = None,
+                           top_k: int = 0, top_p: float = 1.0, do_sample: bool = True, seed: int | None = None,
+                           return_logprobs: bool = True, rows: list[dict] | None = None) -> RolloutBatch:
+        """Sample `num_return_sequences` responses per prompt (rows of one prompt are adjacent).
+
+        Prompts come as one of: a batch from `RLHFDataset.dataloader` (its dataset rows travel along for the
+        reward functions), a list of strings, `prompt_ids` (lists of token ids), or padded `input_ids` with
+        `attention_mask`. Sampling uses the actor's temperature unless `temperature` is given. `max_new_tokens`
+        defaults to the batch's `max_response_length` (RLHFDataset), else 128.
         """
-        out = self.engine.generate(prompt_ids, params)
-        n = params.num_return_sequences
-        rows = rows or [{} for _ in prompt_ids]
-        columns = {k: [row[k] for row in rows for _ in range(n)] for k in rows[0] if k not in ("prompt", "prompt_ids")}
+        ids, rows = self._prompt_ids(prompts, prompt_ids, input_ids, attention_mask, rows)
+        if max_new_tokens is None:
+            max_new_tokens = (prompts.get("max_response_length") if isinstance(prompts, dict) else None) or 128
+        params = SamplingConfig(
+            max_new_tokens=max_new_tokens, num_return_sequences=num_return_sequences, do_sample=do_sample,
+            temperature=self.temperature if temperature is None else temperature, top_p=top_p, top_k=top_k,
+            seed=seed, return_logprobs=return_logprobs,
+        )
+        out = self.engine.generate(ids, params)
+        n = num_return_sequences
+        rows = rows or [{} for _ in ids]
+        skip = ("prompt", "prompt_ids")
         return RolloutBatch(
             prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, response_ids=out.response_ids,
             response_mask=out.response_mask, truncated=out.truncated, rollout_logprobs=out.logprobs,
-            group_ids=torch.arange(len(prompt_ids)).repeat_interleave(n),
-            prompts=[row.get("prompt") for row in rows for _ in range(n)],
+            group_ids=torch.arange(len(ids)).repeat_interleave(n),
+            prompts=[row.get("prompt", self.tokenizer.decode(p)) for row, p in zip(rows, ids) for _ in range(n)],
             completions=self.tokenizer.batch_decode(out.response_ids, skip_special_tokens=True),
-            columns=columns,
+            columns={k: [row[k] for row in rows for _ in range(n)] for k in rows[0] if k not in skip},
         )
 
+    def _prompt_ids(self, prompts, prompt_ids, input_ids, attention_mask, rows):
+        if isinstance(prompts, dict):  # a batch from RLHFDataset.dataloader
+            return prompts["prompt_ids"], rows or prompts.get("rows")
+        if prompts is not None:
+            if isinstance(prompts, str) or not all(isinstance(p, str) for p in prompts):
+                raise TypeError("prompts must be a list of strings or an RLHFDataset batch; for token ids use prompt_ids=.")
+            return [self.tokenizer(p).input_ids for p in prompts], rows or [{"prompt": p} for p in prompts]
+        if prompt_ids is not None:
+            return [list(map(int, p)) for p in prompt_ids], rows
+        if input_ids is not None:
+            mask = attention_mask if attention_mask is not None else (input_ids != self.tokenizer.pad_token_id)
+            return [ids[m.bool()].tolist() for ids, m in zip(input_ids, mask)], rows
+        raise ValueError("generate_sequences needs prompts, prompt_ids= or input_ids=.")
+
+    # ---------------------------------------------------------------- scoring
     @torch.no_grad()
-    def get_logprobs(self, batch: RolloutBatch, micro_batch_size: int, model=None) -> torch.Tensor:
+    def get_logprobs(self, sequences: RolloutBatch, micro_batch_size: int | None = None, model=None) -> torch.Tensor:
         """Log-probs (B, Lr) of the responses under the current weights, without gradients, in micro-batches."""
         model = model or self.model
         was_training = model.training
         model.eval()
         try:
-            parts = [sequence_logprobs(model, mb, self.temperature)[0] for mb in batch.split(micro_batch_size)]
+            parts = [sequence_logprobs(model, mb.to(self.device), self.temperature)[0]
+                     for mb in sequences.split(micro_batch_size or len(sequences))]
         finally:
             model.train(was_training)
         return torch.cat(parts)
+
+    def compute_logprobs(self, sequences: RolloutBatch, model=None, with_entropy: bool = False,
+                         entropy_grad: bool = False):
+        """(log-probs (B, Lr), entropies or None) with gradients, for the policy update; `model` may be the
+        accelerate/DeepSpeed-wrapped module."""
+        model = model or self.model
+        model.train()
+        return sequence_logprobs(model, sequences.to(self.device), self.temperature, with_entropy, entropy_grad)

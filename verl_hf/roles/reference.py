@@ -1,8 +1,8 @@
 """`ReferencePolicy`: the frozen policy that KL is measured against.
 
 It never builds a graph: its parameters are frozen and every call runs under `torch.no_grad()` (leaking the
-reference's graph into the loss is a classic RLHF bug). With a PEFT actor there is no copy at all: the
-reference is the same model with its adapters disabled.
+reference's graph into the loss is a classic RLHF bug, and `freeze=True` alone does not prevent it). With a
+PEFT actor there is no copy at all: the reference is the same model with its adapters disabled.
 
 See it work: tests/test_roles.py.
 """
@@ -17,12 +17,20 @@ import torch
 from ..algorithms import kl_penalty
 from ..batch import RolloutBatch
 from .actor import sequence_logprobs
+from .base import Role
 
 
-class ReferencePolicy:
-    def __init__(self, model, temperature: float = 1.0, adapter_model=None):
-        """`model`: a frozen causal LM; or `adapter_model`: a PEFT model whose base (adapters off) is the reference."""
-        self.model, self.adapter_model, self.temperature = model, adapter_model, temperature
+class ReferencePolicy(Role):
+    from transformers import AutoModelForCausalLM as auto_class
+
+    frozen = True
+
+    def __init__(self, model=None, tokenizer=None, temperature: float = 1.0, adapter_model=None):
+        """`model`: a causal LM (frozen here); or `adapter_model`: a PEFT model whose base (adapters off) is the reference."""
+        super().__init__(model, tokenizer)
+        if (model is None) == (adapter_model is None):
+            raise ValueError("ReferencePolicy takes exactly one of model= or adapter_model=.")
+        self.adapter_model, self.temperature = adapter_model, temperature
         if model is not None:
             model.eval()
             model.requires_grad_(False)
@@ -31,26 +39,50 @@ class ReferencePolicy:
     def from_actor(cls, actor_model, temperature: float = 1.0) -> "ReferencePolicy":
         """The actor's starting point: adapters disabled for PEFT models, else a frozen copy."""
         if hasattr(actor_model, "disable_adapter"):
-            return cls(None, temperature, adapter_model=actor_model)
-        return cls(copy.deepcopy(actor_model), temperature)
+            return cls(adapter_model=actor_model, temperature=temperature)
+        return cls(copy.deepcopy(actor_model), temperature=temperature)
+
+    @property
+    def device(self) -> torch.device:
+        return next((self.model or self.adapter_model).parameters()).device
+
+    def deploy(self, pool) -> "ReferencePolicy":
+        if self.adapter_model is not None:
+            raise ValueError("a PEFT reference shares the actor's weights; it lives wherever the actor lives.")
+        return super().deploy(pool)
 
     def _context(self):
         return self.adapter_model.disable_adapter() if self.adapter_model is not None else contextlib.nullcontext()
 
     @torch.no_grad()
-    def get_logprobs(self, batch: RolloutBatch, micro_batch_size: int) -> torch.Tensor:
+    def get_logprobs(self, sequences: RolloutBatch, micro_batch_size: int | None = None) -> torch.Tensor:
+        """Reference log-probs (B, Lr) of the responses; never carries gradients."""
         model = self.model if self.model is not None else self.adapter_model
-        device = next(model.parameters()).device
         was_training = model.training
         model.eval()
         try:
             with self._context():
-                parts = [sequence_logprobs(model, mb.to(device), self.temperature)[0]
-                         for mb in batch.split(micro_batch_size)]
+                parts = [sequence_logprobs(model, mb.to(self.device), self.temperature)[0]
+                         for mb in sequences.split(micro_batch_size or len(sequences))]
         finally:
             model.train(was_training)
-        return torch.cat(parts)
+        return torch.cat(parts).to(sequences.response_ids.device)
 
-    def kl_divergence(self, batch: RolloutBatch, logprobs: torch.Tensor, kind: str = "k3") -> torch.Tensor:
-        """Per-token KL(actor || reference) estimate (B, Lr), zero outside the response mask."""
-        return kl_penalty(logprobs, batch.ref_logprobs, kind) * batch.response_mask
+    def add_logprobs(self, sequences: RolloutBatch, micro_batch_size: int | None = None) -> RolloutBatch:
+        sequences.ref_logprobs = self.get_logprobs(sequences, micro_batch_size)
+        return sequences
+
+    def kl_divergence(self, sequences: RolloutBatch, logprobs: torch.Tensor | None = None,
+                      kind: str = "k3") -> torch.Tensor:
+        """Per-token KL(actor || reference) estimate (B, Lr), zero outside the response mask.
+
+        `logprobs` are the actor's; by default the sampling log-probs the rollout returned.
+        """
+        if logprobs is None:
+            logprobs = sequences.old_logprobs if sequences.old_logprobs is not None else sequences.rollout_logprobs
+            if logprobs is None:
+                raise ValueError("kl_divergence needs the actor's log-probs: pass logprobs=actor.get_logprobs(seqs), "
+                                 "or generate with return_logprobs=True.")
+        if sequences.ref_logprobs is None:
+            self.add_logprobs(sequences)
+        return kl_penalty(logprobs, sequences.ref_logprobs.to(logprobs.device), kind) * sequences.response_mask.to(logprobs.device)

@@ -24,6 +24,7 @@ class SamplingConfig:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    return_logprobs: bool = False  # sampling log-probs of the chosen tokens (temperature applied)
 
 
 @dataclass

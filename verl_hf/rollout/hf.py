@@ -31,9 +31,11 @@ class HFGenerateEngine:
             torch.manual_seed(params.seed)
         was_training = self.model.training
         self.model.eval()
+        recorder = _LogprobRecorder(params.temperature if params.do_sample else 1.0) if params.return_logprobs else None
         try:
             out = self.model.generate(
                 input_ids=ids, attention_mask=mask, generation_config=self._generation_config(params),
+                logits_processor=[recorder] if recorder else None,
             )
         finally:
             self.model.train(was_training)
@@ -42,9 +44,10 @@ class HFGenerateEngine:
             response = torch.full((out.shape[0], 1), self.pad_token_id, dtype=torch.long, device=device)
         response, response_mask, truncated = mask_after_eos(response, self.eos_token_ids, self.pad_token_id)
         n = params.num_return_sequences
+        logprobs = recorder.finish(out[:, -1:], response.shape[1]) * response_mask if recorder else None
         return Rollout(
             prompt_ids=ids.repeat_interleave(n, dim=0), prompt_mask=mask.repeat_interleave(n, dim=0),
-            response_ids=response, response_mask=response_mask, truncated=truncated,
+            response_ids=response, response_mask=response_mask, truncated=truncated, logprobs=logprobs,
         )
 
     def _generation_config(self, params: SamplingConfig):
@@ -58,3 +61,34 @@ class HFGenerateEngine:
             num_return_sequences=params.num_return_sequences, pad_token_id=self.pad_token_id,
             eos_token_id=self.eos_token_ids, use_cache=True, **sampling,
         )
+
+
+class _LogprobRecorder:
+    """A logits processor that keeps the log-prob of each sampled token, one step behind.
+
+    transformers runs custom processors before its temperature/top-k/top-p warpers, so the temperature is
+    applied here; the log-probs match `sequence_logprobs` (temperature only, no top-k/top-p renormalising).
+    Only one (B, V) step is held at a time, never the whole (B, T, V) score history.
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.previous: torch.Tensor | None = None
+        self.chosen: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self._take(input_ids[:, -1:])
+        self.previous = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def _take(self, tokens: torch.Tensor) -> None:
+        if self.previous is not None:
+            self.chosen.append(self.previous.gather(-1, tokens).squeeze(-1))
+
+    def finish(self, last_tokens: torch.Tensor, length: int) -> torch.Tensor:
+        """(B, length) log-probs; steps after a row finished hold padding's log-prob and are masked by the caller."""
+        self._take(last_tokens)
+        logprobs = torch.stack(self.chosen, dim=1) if self.chosen else torch.zeros(last_tokens.shape[0], 0)
+        if logprobs.shape[1] < length:
+            logprobs = torch.nn.functional.pad(logprobs, (0, length - logprobs.shape[1]))
+        return logprobs[:, :length]

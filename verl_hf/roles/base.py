@@ -1,0 +1,94 @@
+"""`Role`: the shared shell of Actor, Critic, ReferencePolicy and RewardModel.
+
+A role wraps an HF model (and its tokenizer). `from_pretrained` passes every HF loading option through
+(`trust_remote_code`, `attn_implementation`, `dtype`, `device_map`, ...); an existing `PreTrainedModel` or
+PEFT model is accepted as is. `deploy(pool)` places it.
+
+See it work: tests/test_roles.py.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class Role:
+    auto_class = None  # the transformers Auto class that loads this role's model
+    frozen = False
+
+    def __init__(self, model, tokenizer=None):
+        self.model, self.tokenizer = model, tokenizer
+
+    @classmethod
+    def from_pretrained(cls, id_or_path: str, *, tokenizer=None, **kwargs):
+        """Load the model with `cls.auto_class.from_pretrained(id_or_path, **hf_kwargs)`, and its tokenizer.
+
+        Keywords that the role's constructor takes (e.g. `learning_rate`, `temperature`) go to the role;
+        all others go to transformers (`trust_remote_code`, `attn_implementation`, `dtype`, `device_map`, ...).
+        """
+        import inspect
+
+        from transformers import AutoTokenizer
+
+        own = set(inspect.signature(cls.__init__).parameters) - {"self", "model", "tokenizer"}
+        role_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in own}
+        model = cls.auto_class.from_pretrained(id_or_path, **cls._load_kwargs(kwargs))
+        if tokenizer is None:
+            tokenizer = AutoTokenizer.from_pretrained(id_or_path, trust_remote_code=kwargs.get("trust_remote_code", False))
+        return cls(model, tokenizer=tokenizer, **role_kwargs)
+
+    @classmethod
+    def _load_kwargs(cls, hf_kwargs: dict) -> dict:
+        return hf_kwargs
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def deploy(self, pool) -> "Role":
+        """Place the model on a `ResourcePool` slice (see verl_hf.placement)."""
+        from ..placement import place_model
+
+        self.model = place_model(self.model, pool, frozen=self.frozen)
+        return self
+
+    def save_pretrained(self, path: str, **kwargs) -> None:
+        self.model.save_pretrained(path, **kwargs)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(path)
+
+    def push_to_hub(self, repo_id: str, **kwargs):
+        """Upload the model (and tokenizer) with transformers' own `push_to_hub`."""
+        result = self.model.push_to_hub(repo_id, **kwargs)
+        if self.tokenizer is not None:
+            self.tokenizer.push_to_hub(repo_id, **kwargs)
+        return result
+
+
+class TrainableRole(Role):
+    """A role with its own optimizer for custom loops (VerlTrainer uses the Trainer's optimizer instead)."""
+
+    def __init__(self, model, tokenizer=None, learning_rate: float = 1e-5, max_grad_norm: float | None = 1.0):
+        super().__init__(model, tokenizer)
+        self.learning_rate, self.max_grad_norm = learning_rate, max_grad_norm
+        self.optimizer = None
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> float | None:
+        """Clip (if `max_grad_norm`), take an AdamW step, zero the gradients; returns the gradient norm."""
+        if self.optimizer is None:
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            self.optimizer = torch.optim.AdamW(params, lr=self.learning_rate, weight_decay=0.0)
+        norm = None
+        if self.max_grad_norm:
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm).item()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def update(self, loss: torch.Tensor) -> float | None:
+        """`backward(loss)` then `step()`."""
+        self.backward(loss)
+        return self.step()

@@ -1,0 +1,74 @@
+"""`RewardModel`: a sequence-classification model that scores (prompt, response) pairs.
+
+It scores TEXT: the prompt and the decoded response, tokenised with the reward model's own tokenizer
+(and its chat template for chat prompts). So a reward model with a tokenizer unlike the policy's works, and
+the score of a pair does not depend on how the policy padded it. It is also a reward function
+(`f(prompts, completions, completion_ids, **columns)`), so it can sit in `reward_funcs`.
+
+A model with `num_labels != 1` needs `label_index` (which logit is the reward); without it, a clear error.
+
+See it work: tests/test_reward_model.py.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..batch import RolloutBatch
+from .base import Role
+
+
+class RewardModel(Role):
+    from transformers import AutoModelForSequenceClassification as auto_class
+
+    frozen = True
+
+    def __init__(self, model, tokenizer=None, label_index: int | None = None, batch_size: int = 32,
+                 max_length: int | None = None):
+        super().__init__(model, tokenizer)
+        num_labels = getattr(model.config, "num_labels", 1)
+        if num_labels != 1 and label_index is None:
+            raise ValueError(
+                f"reward model has num_labels={num_labels}; say which logit is the reward with "
+                f"label_index=<0..{num_labels - 1}>, or load it with num_labels=1."
+            )
+        if tokenizer is None:
+            raise ValueError("RewardModel needs its tokenizer: RewardModel(model, tokenizer=...) or from_pretrained.")
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        if getattr(model.config, "pad_token_id", None) is None:
+            model.config.pad_token_id = tokenizer.pad_token_id
+        self.label_index = label_index or 0
+        self.batch_size, self.max_length = batch_size, max_length
+        self.__name__ = "reward_model"
+        model.eval()
+        model.requires_grad_(False)
+
+    @torch.no_grad()
+    def score_texts(self, texts: list[str]) -> torch.Tensor:
+        """Scores (B,) of already formatted texts, in batches."""
+        scores = []
+        for start in range(0, len(texts), self.batch_size):
+            enc = self.tokenizer(texts[start : start + self.batch_size], return_tensors="pt", padding=True,
+                                 truncation=self.max_length is not None, max_length=self.max_length,
+                                 add_special_tokens=True).to(self.device)
+            scores.append(self.model(**enc).logits[:, self.label_index].float().cpu())
+        return torch.cat(scores) if scores else torch.zeros(0)
+
+    def format(self, prompt, completion: str) -> str:
+        """The text scored for one pair: chat prompts through the reward model's chat template when it has one."""
+        if isinstance(prompt, str):
+            return prompt + completion
+        messages = list(prompt) + [{"role": "assistant", "content": completion}]
+        if getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer.apply_chat_template(messages, tokenize=False)
+        return "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+
+    def score(self, sequences: RolloutBatch) -> torch.Tensor:
+        """One scalar per sequence (B,)."""
+        return self.score_texts([self.format(p, c) for p, c in zip(sequences.prompts, sequences.completions)])
+
+    get_reward = score  # the name the seed posts use
+
+    def __call__(self, prompts, completions, completion_ids=None, **columns) -> list[float]:
+        return self.score_texts([self.format(p, c) for p, c in zip(prompts, completions)]).tolist()
