@@ -373,3 +373,14 @@ def test_builtins_end_to_end_through_resolve():
         columns={"answer": ["Work...\n#### 72", "6", "72"]})
     # correct+format: 1.0 + 0.2; wrong+format: 0 + 0.2; no marker: 0 + 0
     assert result.rewards.tolist() == pytest.approx([1.2, 0.2, 0.0])
+
+
+def test_overlong_penalty_hand_example():
+    import torch
+
+    from verl_hf.rewards.shaping import overlong_penalty
+
+    # L_max 10, buffer 4 -> free up to 6; lengths 5, 6, 8, 10 -> 0, 0, -2/4, -4/4 (factor 1)
+    out = overlong_penalty(torch.tensor([5, 6, 8, 10]), max_response_length=10, buffer_len=4)
+    assert out.tolist() == [0.0, 0.0, -0.5, -1.0]
+    assert overlong_penalty(torch.tensor([10]), 10, 0).tolist() == [0.0]  # off

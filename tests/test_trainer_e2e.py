@@ -117,3 +117,22 @@ def test_lora_actor_uses_adapter_free_base_as_reference(tmp_path, warm_start_dir
             assert torch.equal(p, base_before[n]), n  # only adapters train
     kls = [h["kl"] for h in trainer.state.log_history if "kl" in h]
     assert kls[0] == pytest.approx(0.0, abs=1e-6) and kls[-1] > 1e-6
+
+
+@pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_accumulation_invariance_8_vs_4x2(tmp_path, warm_start_dir, addition, loss_agg_mode):
+    """One micro-batch of 8 and four accumulated micro-batches of 2 (same rollout): same loss, same gradients."""
+    results = []
+    for batch, accumulation in ((8, 1), (2, 4)):
+        args = small_config(tmp_path, per_device_train_batch_size=batch, gradient_accumulation_steps=accumulation,
+                            loss_agg_mode=loss_agg_mode, max_steps=1, num_generations=8)
+        trainer = VerlTrainer(model=warm_start_dir, args=args, train_dataset=addition[0])
+        rows = next(iter(trainer.get_train_dataloader()))
+        torch.manual_seed(5)
+        loss = sum(trainer.training_step(trainer.model, rows) for _ in range(accumulation))
+        results.append((loss, [p.grad.clone() for p in trainer.model.parameters()]))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    assert loss_a.item() == pytest.approx(loss_b.item(), abs=1e-5)
+    assert sum(g.abs().sum() for g in grads_a) > 0  # the group's rewards differed: a real gradient
+    for a, b in zip(grads_a, grads_b):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

@@ -32,6 +32,7 @@ class RolloutBatch:
     old_logprobs: torch.Tensor | None = None  # (B, Lr) actor before the update; None = on-policy (use detached)
     ref_logprobs: torch.Tensor | None = None  # (B, Lr)
     values: torch.Tensor | None = None  # (B, Lr) critic values at rollout time (PPO)
+    reward_baselines: torch.Tensor | None = None  # (B,) ReMax: reward of the prompt's greedy response
     rewards: torch.Tensor | None = None  # (B,) weighted sum over reward functions
     reward_per_function: torch.Tensor | None = None  # (B, F), NaN where a function returned None
     valid: torch.Tensor | None = None  # (B,) False where no reward function scored the row
@@ -77,6 +78,45 @@ class RolloutBatch:
         moved = {f.name: getattr(self, f.name).to(device) for f in fields(self)
                  if isinstance(getattr(self, f.name), torch.Tensor)}
         return replace(self, **moved)
+
+
+def concat_batches(batches: list[RolloutBatch], pad_token_id: int) -> RolloutBatch:
+    """Rows of several batches in one: prompts re-left-padded, responses re-right-padded to the widest.
+
+    Group ids are offset per batch so that groups of different batches never merge.
+    """
+    prompt_width = max(b.prompt_ids.shape[1] for b in batches)
+    response_width = max(b.response_ids.shape[1] for b in batches)
+    pads = {"prompt_ids": (prompt_width, "left", pad_token_id), "prompt_mask": (prompt_width, "left", 0)}
+    merged, offset = {}, 0
+    for f in fields(RolloutBatch):
+        values = [getattr(b, f.name) for b in batches]
+        if all(v is None for v in values) or f.name.startswith("step_num"):
+            continue
+        if isinstance(values[0], torch.Tensor):
+            if values[0].dim() == 2:
+                width, side, fill = pads.get(f.name, (response_width, "right", pad_token_id if f.name == "response_ids" else 0))
+                values = [_pad(v, width, side, fill) for v in values]
+            if f.name == "group_ids":
+                shifted = []
+                for v in values:
+                    shifted.append(v - v.min() + offset if len(v) else v)
+                    offset = int(shifted[-1].max()) + 1 if len(v) else offset
+                values = shifted
+            merged[f.name] = torch.cat(values)
+        elif isinstance(values[0], list):
+            merged[f.name] = [x for v in values for x in v]
+        elif isinstance(values[0], dict):
+            merged[f.name] = {k: [x for v in values for x in v[k]] for k in values[0]}
+    return RolloutBatch(**merged)
+
+
+def _pad(t: torch.Tensor, width: int, side: str, fill) -> torch.Tensor:
+    extra = width - t.shape[1]
+    if extra == 0:
+        return t
+    pad = torch.full((t.shape[0], extra), fill, dtype=t.dtype, device=t.device)
+    return torch.cat([pad, t] if side == "left" else [t, pad], dim=1)
 
 
 # The name the single-controller posts use for what `Actor.generate_sequences` returns.

@@ -18,14 +18,13 @@ DEMO_CONFIG = Path(__file__).parent / "demo" / "demo.yaml"
 
 def parse_config(config_path: str | None, overrides: list[str]):
     """(ScriptArguments, VerlConfig) from a YAML file and `--field value` overrides (overrides win)."""
-    import yaml
     from transformers import HfArgumentParser
 
     from .config import VerlConfig
     from .runner import ScriptArguments
 
     parser = HfArgumentParser((ScriptArguments, VerlConfig))
-    values = yaml.safe_load(Path(config_path).read_text()) if config_path else {}
+    values = load_yaml(config_path) if config_path else {}
     known = {f.name for dtype in (ScriptArguments, VerlConfig) for f in fields(dtype) if f.init}
     unknown = sorted(set(values or {}) - known)
     if unknown:
@@ -38,6 +37,23 @@ def parse_config(config_path: str | None, overrides: list[str]):
         names = {f.name for f in fields(dtype) if f.init}
         outputs.append(dtype(**{k: v for k, v in vars(namespace).items() if k in names}))
     return tuple(outputs)
+
+
+def load_yaml(path: str | Path) -> dict:
+    """A YAML config; a `base_config: other.yaml` key (relative to this file) is loaded first and overridden."""
+    import yaml
+
+    values = yaml.safe_load(Path(path).read_text()) or {}
+    base = values.pop("base_config", None)
+    if base is None:
+        return values
+    if base == "demo":
+        base_path = DEMO_CONFIG
+    else:
+        base_path = Path(path).parent / base
+    if not base_path.exists():
+        raise SystemExit(f"{path}: base_config {base!r} not found at {base_path}.")
+    return {**load_yaml(base_path), **values}
 
 
 def env_report() -> str:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
-from .algorithms import ADVANTAGE_ESTIMATORS, KL_KINDS, LOSS_AGG_MODES, POLICY_LOSSES
+from .algorithms import ADVANTAGE_ESTIMATORS, KL_CONTROLLERS, KL_KINDS, LOSS_AGG_MODES, POLICY_LOSSES
 
 ROLLOUT_ENGINES = ("hf",)
 # Estimators whose baseline comes from the other samples of the same prompt.
@@ -75,6 +75,21 @@ class VerlConfig(TrainingArguments):
     reward_weights: list[float] | None = field(
         default=None, metadata=_help("One weight per reward function (default 1.0 each).")
     )
+    overlong_buffer_len: int = field(
+        default=0,
+        metadata=_help("DAPO soft overlong punishment: responses longer than max_response_length - this lose reward "
+                       "linearly, down to -overlong_penalty_factor at max_response_length; 0 disables it."),
+    )
+    overlong_penalty_factor: float = field(default=1.0, metadata=_help("Largest overlong penalty (DAPO)."))
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata=_help("DAPO dynamic sampling: drop prompt groups whose rewards are all equal (no signal) and "
+                       "sample more prompts until the round is full."),
+    )
+    dynamic_sampling_max_rounds: int = field(
+        default=4, metadata=_help("Most extra sampling rounds per step for dynamic_sampling; then the round is "
+                                  "filled with the dropped groups (zero advantage) and a warning is logged."),
+    )
 
     # ----- algorithm -----
     adv_estimator: str = field(default="grpo", metadata=_help("Advantage estimator, by registered name."))
@@ -82,17 +97,40 @@ class VerlConfig(TrainingArguments):
         default=True, metadata=_help("GRPO divides by the group's reward std; False gives Dr.GRPO.")
     )
     policy_loss: str = field(default="vanilla", metadata=_help("Policy loss, by registered name."))
-    clip_ratio_low: float = field(default=0.2, metadata=_help("Lower PPO clip: ratio >= 1 - clip_ratio_low."))
-    clip_ratio_high: float = field(default=0.2, metadata=_help("Upper PPO clip (DAPO 'clip-higher' uses 0.28)."))
+    clip_ratio_low: float | None = field(
+        default=None, metadata=_help("Lower clip: ratio >= 1 - clip_ratio_low. Default: the loss's own (0.2 for "
+                                     "vanilla, 3e-4 for gspo, 0.4 in log space for geo_mean)."))
+    clip_ratio_high: float | None = field(
+        default=None, metadata=_help("Upper clip: ratio <= 1 + clip_ratio_high (DAPO 'clip-higher' uses 0.28). "
+                                     "Default: the loss's own (0.2 vanilla, 4e-4 gspo, 0.4 geo_mean)."))
     clip_ratio_c: float = field(default=3.0, metadata=_help("Dual-clip bound for negative advantages (> 1)."))
     loss_agg_mode: str = field(default="token-mean", metadata=_help(f"How token losses are averaged: {LOSS_AGG_MODES}."))
     ppo_epochs: int = field(default=1, metadata=_help("Passes of policy updates over one rollout round."))
-    kl_coef: float = field(default=0.0, metadata=_help("KL(actor || reference) coefficient; 0 loads no reference."))
+    kl_coef: float = field(default=0.0, metadata=_help("KL(actor || reference) coefficient (its start value for "
+                                                       "adaptive/pid control); 0 loads no reference."))
+    kl_controller: str = field(default="fixed", metadata=_help("KL coefficient control: fixed, adaptive (Ziegler et "
+                                                               "al. 2019) or pid; the controlled value is logged."))
+    kl_target: float = field(default=0.1, metadata=_help("Target KL per token for adaptive/pid control."))
+    kl_horizon: int = field(default=10000, metadata=_help("Adaptive control horizon, in samples."))
+    kl_pid_gains: list[float] | None = field(default=None, metadata=_help("kp ki kd of the pid controller."))
     kl_kind: str = field(default="k3", metadata=_help(f"KL estimator: {KL_KINDS} (a trailing '+' = straight-through)."))
     use_kl_in_reward: bool = field(
         default=False, metadata=_help("True: subtract kl_coef * KL from token rewards (PPO-style); False: KL loss term.")
     )
     entropy_coef: float = field(default=0.0, metadata=_help("Entropy bonus coefficient in the loss."))
+    policy_loss_kwargs: dict | str | None = field(
+        default=None,
+        metadata=_help("Extra scalars for the chosen policy loss, e.g. {\"tau_pos\": 1.0} for sapo (JSON on the "
+                       "command line); see each loss's docstring in verl_hf.algorithms."),
+    )
+    gamma: float = field(default=1.0, metadata=_help("Discount for GAE and REINFORCE++ returns."))
+    lam: float = field(default=0.95, metadata=_help("GAE lambda (PPO)."))
+
+    # ----- critic (PPO: adv_estimator="gae") -----
+    critic_learning_rate: float = field(default=1e-5, metadata=_help("The critic's own AdamW learning rate."))
+    cliprange_value: float = field(default=0.5, metadata=_help("Value clipping around the rollout-time values."))
+    critic_warmup_steps: int = field(
+        default=0, metadata=_help("Optimizer steps that train only the critic before the actor starts moving."))
 
     # ----- evaluation -----
     eval_num_generations: int = field(default=1, metadata=_help("Responses per eval prompt."))
@@ -107,6 +145,9 @@ class VerlConfig(TrainingArguments):
         self.remove_unused_columns = False
         if isinstance(self.data_key_map, str):
             self.data_key_map = _parse_json_dict("data_key_map", self.data_key_map)
+        if isinstance(self.policy_loss_kwargs, str):
+            self.policy_loss_kwargs = _parse_json_dict("policy_loss_kwargs", self.policy_loss_kwargs)
+        self.policy_loss_kwargs = dict(self.policy_loss_kwargs or {})
         super().__post_init__()
         _check_names(self)
         _check_ranges(self)
@@ -149,6 +190,7 @@ def _check_names(cfg: VerlConfig) -> None:
     _one_of("loss_agg_mode", cfg.loss_agg_mode, LOSS_AGG_MODES)
     _one_of("kl_kind", cfg.kl_kind.rstrip("+"), KL_KINDS)
     _one_of("rollout_engine", cfg.rollout_engine, ROLLOUT_ENGINES)
+    _one_of("kl_controller", cfg.kl_controller, KL_CONTROLLERS)
 
 
 def _check_ranges(cfg: VerlConfig) -> None:
@@ -161,15 +203,28 @@ def _check_ranges(cfg: VerlConfig) -> None:
         ("num_generations", cfg.num_generations >= 1, "must be >= 1"),
         ("eval_num_generations", cfg.eval_num_generations >= 1, "must be >= 1"),
         ("ppo_epochs", cfg.ppo_epochs >= 1, "must be >= 1"),
-        ("clip_ratio_low", 0 <= cfg.clip_ratio_low < 1, "must be in [0, 1)"),
-        ("clip_ratio_high", cfg.clip_ratio_high >= 0, "must be >= 0"),
+        ("clip_ratio_low", cfg.clip_ratio_low is None or cfg.clip_ratio_low >= 0, "must be >= 0"),
+        ("clip_ratio_high", cfg.clip_ratio_high is None or cfg.clip_ratio_high >= 0, "must be >= 0"),
+        ("kl_target", cfg.kl_target > 0, "must be > 0"),
+        ("kl_horizon", cfg.kl_horizon > 0, "must be > 0"),
+        ("kl_pid_gains", cfg.kl_controller != "pid" or (cfg.kl_pid_gains is not None and len(cfg.kl_pid_gains) == 3),
+         "must be three numbers (kp ki kd) when kl_controller='pid'"),
         ("clip_ratio_c", cfg.clip_ratio_c > 1, "must be > 1 (dual-clip bound)"),
         ("kl_coef", cfg.kl_coef >= 0, "must be >= 0"),
         ("entropy_coef", cfg.entropy_coef >= 0, "must be >= 0"),
+        ("gamma", 0 <= cfg.gamma <= 1, "must be in [0, 1]"),
+        ("lam", 0 <= cfg.lam <= 1, "must be in [0, 1]"),
+        ("critic_learning_rate", cfg.critic_learning_rate > 0, "must be > 0"),
+        ("critic_warmup_steps", cfg.critic_warmup_steps >= 0, "must be >= 0"),
+        ("overlong_buffer_len", 0 <= cfg.overlong_buffer_len < cfg.max_response_length,
+         "must be in [0, max_response_length)"),
+        ("dynamic_sampling_max_rounds", cfg.dynamic_sampling_max_rounds >= 0, "must be >= 0"),
     ]
     for name, ok, fix in checks:
         if not ok:
             raise ValueError(f"{name}={getattr(cfg, name)!r} {fix}.")
+    if cfg.dynamic_sampling and cfg.num_generations < 2:
+        raise ValueError("dynamic_sampling drops groups whose rewards are all equal; it needs num_generations >= 2.")
     if cfg.adv_estimator in GROUP_ESTIMATORS and cfg.num_generations < 2:
         raise ValueError(
             f"adv_estimator={cfg.adv_estimator!r} compares the responses of one prompt, so it needs "

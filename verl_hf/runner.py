@@ -78,13 +78,25 @@ def run_training(script: ScriptArguments, config) -> dict:
     after = _final_eval(trainer) if test is not None else {}
     trainer.save_model(config.output_dir)
     summary = {"seed": config.seed, "steps": trainer.state.global_step, "seconds": round(time.time() - started, 1),
-               "accuracy_before": before.get("eval_accuracy"), "accuracy_after": after.get("eval_accuracy")}
+               "accuracy_before": before.get("eval_accuracy"), "accuracy_after": after.get("eval_accuracy"),
+               **_training_figures(trainer.state.log_history)}
     if test is not None:
         summary["gain_points"] = round(100 * (summary["accuracy_after"] - summary["accuracy_before"]), 1)
     if trainer.is_world_process_zero():
         plot_curve(trainer.state.log_history, os.path.join(config.output_dir, "curve.png"))
         Path(config.output_dir, "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _training_figures(log_history: list[dict]) -> dict:
+    """Mean train reward of the first and last fifth of the logs, and wall seconds per optimizer step."""
+    rewards = [h["reward/mean"] for h in log_history if "reward/mean" in h]
+    fifth = max(len(rewards) // 5, 1)
+    runtime = next((h for h in log_history if "train_runtime" in h), {})
+    steps = max(runtime.get("step", 0), 1)
+    return {"reward_first": sum(rewards[:fifth]) / fifth if rewards else None,
+            "reward_last": sum(rewards[-fifth:]) / fifth if rewards else None,
+            "seconds_per_step": round(runtime.get("train_runtime", 0.0) / steps, 3)}
 
 
 def _final_eval(trainer) -> dict:

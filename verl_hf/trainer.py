@@ -3,34 +3,35 @@
 `training_step` runs the numbered steps of one RL iteration on the roles (roles/); the math lives in
 algorithms/. A rollout round samples once and then feeds every micro-step (gradient accumulation and
 `ppo_epochs`) it covers; the Trainer's loop, optimizer, scheduler, callbacks, logging and checkpoints are
-the stock ones.
+the stock ones. PPO's critic has its own optimizer and is saved in every checkpoint.
 
-See it work: tests/test_trainer_e2e.py, examples/swap_trainer.py.
+See it work: tests/test_trainer_e2e.py, tests/test_algorithms_e2e.py, examples/swap_trainer.py.
 """
 
 from __future__ import annotations
 
-import logging
+import json
+import os
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import fields
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, Trainer, TrainingArguments
+from transformers import Trainer
 from transformers.trainer_utils import speed_metrics
 
-from .algorithms import (
-    agg_loss, get_advantage_estimator, get_policy_loss, kl_penalty, masked_mean, place_outcome_rewards,
-)
-from .batch import RolloutBatch
-from .config import VerlConfig
+from . import trainer_setup as setup
+from .algorithms import agg_loss, get_advantage_estimator, get_policy_loss, kl_penalty, masked_mean
+from .algorithms import place_outcome_rewards, value_loss
+from .batch import RolloutBatch, concat_batches
 from .data import RoundBatchSampler, RoundDataLoader, keep_rows, prepare_prompts
 from .metrics import accuracy_metric
-from .rewards import resolve_reward_funcs, score_completions
-from .roles import Actor, ReferencePolicy, RewardModel
+from .rewards import score_completions
+from .rewards.shaping import overlong_penalty
+from .roles import Actor
 
-logger = logging.getLogger(__name__)
+CRITIC_DIR = "critic"
+KL_CTRL_FILE = "kl_controller.json"
 
 
 class VerlTrainer(Trainer):
@@ -42,64 +43,67 @@ class VerlTrainer(Trainer):
         args: a `VerlConfig` (a plain `TrainingArguments` is converted, RL fields at their defaults).
         ref_policy: the KL reference (model, id or path); default a frozen copy of the starting policy
             (adapters disabled for PEFT). Only loaded when `kl_coef > 0`.
+        critic: PPO's value model (`Critic`, token-classification model, id or path); default a value head on
+            the policy's checkpoint. Only used with `adv_estimator="gae"`.
         reward_funcs: callables or names (see `VerlConfig.reward_funcs`); added to those in `args`.
-        reward_model: a sequence-classification model (or id/path) scored as one more reward function.
+        reward_model: a `RewardModel`, a sequence-classification model, or an id/path; one more reward function.
         processing_class / tokenizer: the tokenizer; default loaded from the model's path.
         peft_config: a `peft` config; the actor becomes a PEFT model.
     """
 
     def __init__(self, model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
-                 processing_class=None, *, actor=None, ref_policy=None, reward_funcs=None, reward_model=None,
-                 tokenizer=None, callbacks=None, peft_config=None, optimizers=(None, None), **trainer_kwargs):
-        model = _one_of_aliases("model", model, "actor", actor)
+                 processing_class=None, *, actor=None, ref_policy=None, critic=None, reward_funcs=None,
+                 reward_model=None, tokenizer=None, callbacks=None, peft_config=None, optimizers=(None, None),
+                 **trainer_kwargs):
+        model = setup.one_of_aliases("model", model, "actor", actor)
         if model is None:
             raise ValueError("VerlTrainer needs a policy: model='<id or path>' or a PreTrainedModel (or actor=...).")
-        args = _as_verl_config(args, model)
-        _check_trainer_support(args)
+        args = setup.as_verl_config(args, model)
         # Cheap checks first: rewards, tokenizer and data fail here, before any model is loaded.
-        self.reward_funcs = _resolve_rewards(args, reward_funcs, reward_model)
+        self.reward_funcs = setup.resolve_rewards(args, reward_funcs, reward_model)
         self.reward_weights = list(args.reward_weights or [1.0] * len(self.reward_funcs))
-        tokenizer = _load_tokenizer(_one_of_aliases("processing_class", processing_class, "tokenizer", tokenizer), model)
-        prepare = lambda ds, split: prepare_prompts(ds, tokenizer, args.data_key_map, args.max_prompt_length, split)
-        train_dataset = prepare(train_dataset, "train") if train_dataset is not None else None
-        if isinstance(eval_dataset, dict):
-            eval_dataset = {k: prepare(v, f"eval[{k}]") for k, v in eval_dataset.items()}
-        elif eval_dataset is not None:
-            eval_dataset = prepare(eval_dataset, "eval")
+        tokenizer = setup.load_tokenizer(
+            setup.one_of_aliases("processing_class", processing_class, "tokenizer", tokenizer), model)
+        train_dataset, eval_dataset = _prepare_datasets(train_dataset, eval_dataset, tokenizer, args)
 
-        model = _load_policy(model, peft_config)
+        policy = setup.load_policy(model, peft_config)
         super().__init__(
-            model=model, args=args, data_collator=data_collator or keep_rows, train_dataset=train_dataset,
+            model=policy, args=args, data_collator=data_collator or keep_rows, train_dataset=train_dataset,
             eval_dataset=eval_dataset, processing_class=tokenizer, callbacks=callbacks, optimizers=optimizers,
             **trainer_kwargs,
         )
         self.actor = Actor(self.model, tokenizer, temperature=args.temperature)
-        self.ref_policy = _make_reference(ref_policy, self.model, args) if args.kl_coef > 0 else None
+        self.ref_policy = setup.make_reference(ref_policy, self.model, args) if args.kl_coef > 0 else None
+        self.critic = setup.make_critic(critic, model, args)
+        self.kl_ctrl = setup.make_kl_ctrl(args)
         self.advantage_fn = get_advantage_estimator(args.adv_estimator)
         self.policy_loss_fn = get_policy_loss(args.policy_loss)
         self._round: list[RolloutBatch] = []
         self._micro_step = 0
         self._metrics: dict[str, list[float]] = defaultdict(list)
         self._last_phase_seconds = 0.0
+        self._refill_order: list[int] = []
 
     # ------------------------------------------------------------------ the RL step
     def training_step(self, model, inputs, num_items_in_batch=None):
         """One micro-step. The first micro-step of a round samples and prepares the whole round."""
         if self._micro_step % self.args.micro_steps_per_round == 0:
-            batch = self._rollout(inputs)                       # 1. sample responses for the round
-            batch = self._score(batch)                          # 2. rewards
-            batch = self._add_reference_logprobs(batch)         # 3. reference log-probs (for KL)
+            batch = self._score(self._rollout(inputs))          # 1-2. sample responses, score them
+            batch = self._keep_informative_groups(batch)        # 2b. DAPO dynamic sampling (when enabled)
+            batch = self._add_greedy_baselines(batch)           # 2c. ReMax baselines (when adv_estimator="remax")
+            batch = self._add_reference_logprobs(batch)         # 3. reference log-probs (when kl_coef > 0)
             batch = self._add_old_logprobs(batch)               # 3b. behaviour log-probs, if the round spans updates
+            batch = self._add_values(batch)                     # 3c. critic values (PPO)
             batch = self._compute_advantages(batch)             # 4. advantages (pure math)
             self._round = self._plan_micro_batches(batch)
         micro_batch = self._round[self._micro_step % self.args.micro_steps_per_round]
         self._micro_step += 1
-        return self._policy_update(model, micro_batch)          # 5. loss and backward
+        return self._update(model, micro_batch)                 # 5. losses and backward
 
-    def _rollout(self, rows: list[dict]) -> RolloutBatch:
+    def _rollout(self, rows: list[dict], train: bool = True) -> RolloutBatch:
         with self._timer("rollout"):
             batch = self.actor.generate_sequences(
-                prompt_ids=[r["prompt_ids"] for r in rows], rows=rows, **self._sampling(train=True))
+                prompt_ids=[r["prompt_ids"] for r in rows], rows=rows, **self._sampling(train))
         lengths = batch.response_mask.sum(dim=1).float()
         self._record({
             "response_length/mean": lengths.mean().item(), "response_length/max": lengths.max().item(),
@@ -117,10 +121,11 @@ class VerlTrainer(Trainer):
 
     def _score(self, batch: RolloutBatch) -> RolloutBatch:
         with self._timer("reward"):
-            result = self._run_reward_funcs(batch)
+            batch.rewards, result, penalty = self._rewards(batch)
         self._record(result.metrics())
-        batch.rewards = torch.nan_to_num(result.rewards, nan=0.0)
         batch.reward_per_function, batch.valid = result.per_function, result.valid
+        if self.args.overlong_buffer_len:
+            self._record({"reward/overlong_penalty": penalty.mean().item()})
         if not bool(result.valid.all()):
             # Unscored rows take no part: no gradient (mask 0) and a group of their own (advantage 0).
             batch.response_mask = batch.response_mask * result.valid.unsqueeze(1).to(batch.response_mask.dtype)
@@ -128,12 +133,77 @@ class VerlTrainer(Trainer):
             self._record({"reward/excluded_frac": 1.0 - result.valid.float().mean().item()})
         return batch
 
+    def _rewards(self, batch: RolloutBatch):
+        """(rewards (B,) with shaping, the functions' RewardResult, overlong penalty (B,)); records nothing."""
+        result = self._run_reward_funcs(batch)
+        penalty = overlong_penalty(batch.response_mask.sum(dim=1), self.args.max_response_length,
+                                   self.args.overlong_buffer_len, self.args.overlong_penalty_factor)
+        return torch.nan_to_num(result.rewards, nan=0.0) + penalty, result, penalty
+
     def _run_reward_funcs(self, batch: RolloutBatch):
         completion_ids = [ids[mask.bool()].tolist() for ids, mask in zip(batch.response_ids, batch.response_mask)]
         return score_completions(
             self.reward_funcs, self.reward_weights, prompts=batch.prompts, completions=batch.completions,
             completion_ids=completion_ids, columns=batch.columns,
         )
+
+    def _keep_informative_groups(self, batch: RolloutBatch) -> RolloutBatch:
+        """DAPO dynamic sampling (Yu et al. 2025): groups whose rewards are all equal carry no gradient under
+        group baselines, so they are dropped and more prompts are sampled until the round is full again.
+
+        Deviation: refill prompts come from a separate shuffled pass over the train set (the Trainer owns the
+        dataloader). After `dynamic_sampling_max_rounds` extra rounds the round is completed with dropped
+        groups (advantage 0), counted in `dynamic_sampling/filler_groups`, instead of failing the run.
+        """
+        args = self.args
+        if not args.dynamic_sampling:
+            return batch
+        kept, dropped = _split_informative(batch)
+        self._record({"dynamic_sampling/informative_frac": _num_groups(kept) / max(_num_groups(batch), 1)})
+        for extra_round in range(args.dynamic_sampling_max_rounds):
+            if _num_groups(kept) >= args.prompts_per_round:
+                break
+            more, more_dropped = _split_informative(self._score(self._rollout(self._refill_rows())))
+            kept, dropped = self._concat([kept, more]), self._concat([dropped, more_dropped])
+            self._record({"dynamic_sampling/extra_rounds": extra_round + 1})
+        missing = args.prompts_per_round - _num_groups(kept)
+        if missing > 0:
+            self._record({"dynamic_sampling/filler_groups": missing})
+            kept = self._concat([kept, _first_groups(dropped, missing)])
+        return _first_groups(kept, args.prompts_per_round)
+
+    def _refill_rows(self) -> list[dict]:
+        """The next prompts of an independent shuffled stream over the train set (one per process)."""
+        need = self.args.prompts_per_round
+        if len(self._refill_order) < need:
+            seed = self.args.seed + 7919 * (self.args.process_index + 1) + self._micro_step
+            order = torch.randperm(len(self.train_dataset), generator=torch.Generator().manual_seed(seed))
+            self._refill_order += order.tolist()
+        take, self._refill_order = self._refill_order[:need], self._refill_order[need:]
+        return [self.train_dataset[i] for i in take]
+
+    def _concat(self, batches: list[RolloutBatch | None]) -> RolloutBatch | None:
+        batches = [b for b in batches if b is not None and len(b)]
+        return concat_batches(batches, self.processing_class.pad_token_id) if batches else None
+
+    def _add_greedy_baselines(self, batch: RolloutBatch) -> RolloutBatch:
+        """ReMax (Li et al. 2024): the reward of each prompt's greedy response is its baseline."""
+        if self.args.adv_estimator != "remax":
+            return batch
+        first_rows = _first_index_per_group(batch)
+        firsts = batch.select(first_rows)
+        rows = [{"prompt": firsts.prompts[i], "prompt_ids": ids[m.bool()].tolist(),
+                 **{k: v[i] for k, v in firsts.columns.items()}}
+                for i, (ids, m) in enumerate(zip(firsts.prompt_ids, firsts.prompt_mask))]
+        with self._timer("baseline"):
+            greedy = self.actor.generate_sequences(
+                prompt_ids=[r["prompt_ids"] for r in rows], rows=rows,
+                **{**self._sampling(train=True), "num_return_sequences": 1, "do_sample": False})
+            baseline = self._rewards(greedy)[0]
+        position = {g: k for k, g in enumerate(firsts.group_ids.tolist())}
+        batch.reward_baselines = baseline[[position[g] for g in batch.group_ids.tolist()]]
+        self._record({"reward/greedy_baseline": baseline.mean().item()})
+        return batch
 
     def _add_reference_logprobs(self, batch: RolloutBatch) -> RolloutBatch:
         if self.ref_policy is not None:
@@ -143,12 +213,19 @@ class VerlTrainer(Trainer):
 
     def _add_old_logprobs(self, batch: RolloutBatch) -> RolloutBatch:
         """Behaviour-policy log-probs. One update per round is on-policy: the micro-steps reuse the live
-        log-probs (detached) instead of paying an extra forward pass; several updates need them stored."""
+        log-probs (detached) instead of paying an extra forward pass; several updates, or KL in the reward,
+        need them stored."""
         args = self.args
         updates_per_round = args.micro_steps_per_round // args.gradient_accumulation_steps
-        if updates_per_round > 1:
+        if updates_per_round > 1 or (args.use_kl_in_reward and batch.ref_logprobs is not None):
             with self._timer("old_logprobs"):
                 batch.old_logprobs = self.actor.get_logprobs(batch, args.per_device_train_batch_size)
+        return batch
+
+    def _add_values(self, batch: RolloutBatch) -> RolloutBatch:
+        if self.critic is not None:
+            with self._timer("values"):
+                batch.values = self.critic.compute_values(batch, self.args.per_device_train_batch_size)
         return batch
 
     def _compute_advantages(self, batch: RolloutBatch) -> RolloutBatch:
@@ -157,22 +234,24 @@ class VerlTrainer(Trainer):
             mask = batch.response_mask.float()
             token_rewards = place_outcome_rewards(batch.rewards, mask)
             if args.use_kl_in_reward and batch.ref_logprobs is not None:
-                old = batch.old_logprobs if batch.old_logprobs is not None else self._current_logprobs(batch)
-                kl = kl_penalty(old, batch.ref_logprobs, args.kl_kind) * mask
-                token_rewards = token_rewards - args.kl_coef * kl
+                kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, args.kl_kind) * mask
+                token_rewards = token_rewards - self.kl_ctrl.value * kl
                 self._record({"kl/in_reward": masked_mean(kl, mask).item()})
+                self._update_kl_coef(masked_mean(kl, mask).item(), len(batch))
             batch.token_level_rewards = token_rewards
             batch.advantages, batch.returns = self.advantage_fn(
                 token_level_rewards=token_rewards, response_mask=mask, group_ids=batch.group_ids,
-                norm_by_std=args.norm_adv_by_std_in_grpo, gamma=1.0, lam=1.0,
+                values=batch.values, reward_baselines=batch.reward_baselines, gamma=args.gamma, lam=args.lam,
+                norm_by_std=args.norm_adv_by_std_in_grpo,
             )
         self._record({"advantages/mean": masked_mean(batch.advantages, mask).item(),
                       "advantages/abs_mean": masked_mean(batch.advantages.abs(), mask).item()})
         return batch
 
-    def _current_logprobs(self, batch):
-        batch.old_logprobs = self.actor.get_logprobs(batch, self.args.per_device_train_batch_size)
-        return batch.old_logprobs
+    def _update_kl_coef(self, kl: float, num_samples: int) -> None:
+        """Feed the measured KL to the controller (fixed: no change) and log both."""
+        self._record({"kl/coef": self.kl_ctrl.value})
+        self.kl_ctrl.update(kl, num_samples)
 
     def _plan_micro_batches(self, batch: RolloutBatch) -> list[RolloutBatch]:
         """Cut the round into micro-batches, each carrying its optimizer step's loss normalisers, so that the
@@ -187,47 +266,88 @@ class VerlTrainer(Trainer):
                 micro.append(mb)
         return micro * args.ppo_epochs
 
-    def _policy_update(self, model, mb: RolloutBatch) -> torch.Tensor:
-        args = self.args
+    def _update(self, model, mb: RolloutBatch) -> torch.Tensor:
+        """Actor loss and backward (skipped during critic warm-up), then the critic's (PPO)."""
         started = time.perf_counter()
         mb = mb.to(self.args.device)
-        model.train()
-        with self.compute_loss_context_manager():
-            logprobs, entropy = self.actor.compute_logprobs(
-                mb, model=model, with_entropy=True, entropy_grad=args.entropy_coef > 0)
-            loss = self._loss(mb, logprobs, entropy)
-        kwargs = {"scale_wrt_gas": False} if self.is_deepspeed_enabled else {}
-        self.accelerator.backward(loss, **kwargs)
+        if self.state.global_step >= self.args.critic_warmup_steps:
+            model.train()
+            with self.compute_loss_context_manager():
+                logprobs, entropy = self.actor.compute_logprobs(
+                    mb, model=model, with_entropy=True, entropy_grad=self.args.entropy_coef > 0)
+                loss = self._actor_loss(mb, logprobs, entropy)
+            kwargs = {"scale_wrt_gas": False} if self.is_deepspeed_enabled else {}
+            self.accelerator.backward(loss, **kwargs)
+        else:
+            loss = torch.zeros((), device=self.args.device)
+        if self.critic is not None:
+            self._critic_update(mb)
         self._record({"time/update": time.perf_counter() - started})
         return loss.detach()
 
-    def _loss(self, mb: RolloutBatch, logprobs, entropy):
-        args, mask = self.args, mb.response_mask.float()
-        norms = {"num_tokens": mb.step_num_tokens, "num_seqs": mb.step_num_seqs, "norm_constant": args.max_response_length}
+    def _loss_norms(self, mb: RolloutBatch) -> dict:
+        return {"num_tokens": mb.step_num_tokens, "num_seqs": mb.step_num_seqs,
+                "norm_constant": self.args.max_response_length}
+
+    def _actor_loss(self, mb: RolloutBatch, logprobs, entropy):
+        args, mask, norms = self.args, mb.response_mask.float(), self._loss_norms(mb)
         old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
+        clips = {k: getattr(args, k) for k in ("clip_ratio_low", "clip_ratio_high") if getattr(args, k) is not None}
         loss, metrics = self.policy_loss_fn(
-            old, logprobs, mb.advantages, mask, loss_agg_mode=args.loss_agg_mode, clip_ratio_low=args.clip_ratio_low,
-            clip_ratio_high=args.clip_ratio_high, clip_ratio_c=args.clip_ratio_c, **norms,
+            old, logprobs, mb.advantages, mask, loss_agg_mode=args.loss_agg_mode, clip_ratio_c=args.clip_ratio_c,
+            **clips, **norms, **args.policy_loss_kwargs,
         )
         self._record({f"actor/{k}": v for k, v in metrics.items()})
         self._record({"actor/entropy": masked_mean(entropy.detach(), mask).item()})
         if mb.ref_logprobs is not None:
             kl = kl_penalty(logprobs, mb.ref_logprobs, args.kl_kind)
             self._record({"kl": masked_mean(kl.detach(), mask).item()})
+            if not args.use_kl_in_reward and self._micro_step % args.gradient_accumulation_steps == 0:
+                self._update_kl_coef(masked_mean(kl.detach(), mask).item(), int(mb.step_num_seqs))
             if not args.use_kl_in_reward:
-                loss = loss + args.kl_coef * agg_loss(kl, mask, args.loss_agg_mode, **norms)
+                loss = loss + self.kl_ctrl.value * agg_loss(kl, mask, args.loss_agg_mode, **norms)
         if args.entropy_coef:
             loss = loss - args.entropy_coef * agg_loss(entropy, mask, args.loss_agg_mode, **norms)
         return loss
 
-    def floating_point_ops(self, inputs) -> int:
-        """Training FLOPs of the micro-step just run (6 x parameters x tokens), for `total_flos`."""
-        micro_batch = self._round[(self._micro_step - 1) % self.args.micro_steps_per_round] if self._round else None
-        if micro_batch is None:
-            return 0
-        if not hasattr(self, "_num_params"):
-            self._num_params = sum(p.numel() for p in self.model.parameters())
-        return 6 * self._num_params * int(micro_batch.attention_mask.sum())
+    def _critic_update(self, mb: RolloutBatch) -> None:
+        """Clipped value loss on the same micro-batch; the critic steps with the actor's optimizer steps."""
+        values = self.critic.forward_values(mb)
+        loss, metrics = value_loss(values, mb.values, mb.returns, mb.response_mask.float(),
+                                   cliprange_value=self.args.cliprange_value, loss_agg_mode=self.args.loss_agg_mode,
+                                   **self._loss_norms(mb))
+        self.critic.backward(loss)
+        self._record({"critic/value_loss": loss.item(), **{f"critic/{k}": v for k, v in metrics.items()}})
+        if self._micro_step % self.args.gradient_accumulation_steps == 0:
+            norm = self.critic.step()
+            if norm is not None:
+                self._record({"critic/grad_norm": norm})
+
+    # ------------------------------------------------------------------ checkpoints: the critic travels along
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        super()._save_optimizer_and_scheduler(output_dir)
+        if self.args.should_save:
+            with open(os.path.join(output_dir, KL_CTRL_FILE), "w") as f:
+                json.dump(self.kl_ctrl.state_dict(), f)
+        if self.critic is not None and self.args.should_save:
+            self.critic.model.save_pretrained(os.path.join(output_dir, CRITIC_DIR))
+            if self.critic.optimizer is not None:
+                torch.save(self.critic.optimizer.state_dict(), os.path.join(output_dir, CRITIC_DIR, "optimizer.pt"))
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None and os.path.exists(os.path.join(checkpoint, KL_CTRL_FILE)):
+            with open(os.path.join(checkpoint, KL_CTRL_FILE)) as f:
+                self.kl_ctrl.load_state_dict(json.load(f))
+        if checkpoint is None or self.critic is None:
+            return
+        critic_dir = os.path.join(checkpoint, CRITIC_DIR)
+        if not os.path.isdir(critic_dir):
+            raise FileNotFoundError(f"{checkpoint} has no {CRITIC_DIR}/ folder: it was not saved by a PPO run.")
+        self.critic.model.load_state_dict(type(self.critic.model).from_pretrained(critic_dir).state_dict())
+        state_path = os.path.join(critic_dir, "optimizer.pt")
+        if os.path.exists(state_path):
+            self.critic.load_optimizer_state(torch.load(state_path, weights_only=True))
 
     # ------------------------------------------------------------------ data
     def get_train_dataloader(self):
@@ -240,6 +360,15 @@ class VerlTrainer(Trainer):
         )
         return RoundDataLoader(self.train_dataset, batch_sampler=sampler, collate_fn=self.data_collator,
                                num_workers=args.dataloader_num_workers)
+
+    def floating_point_ops(self, inputs) -> int:
+        """Training FLOPs of the micro-step just run (6 x parameters x tokens), for `total_flos`."""
+        micro_batch = self._round[(self._micro_step - 1) % self.args.micro_steps_per_round] if self._round else None
+        if micro_batch is None:
+            return 0
+        if not hasattr(self, "_num_params"):
+            self._num_params = sum(p.numel() for p in self.model.parameters())
+        return 6 * self._num_params * int(micro_batch.attention_mask.sum())
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
@@ -265,20 +394,16 @@ class VerlTrainer(Trainer):
     def _evaluate_rewards(self, dataset, prefix: str) -> dict[str, float]:
         args = self.args
         shard = dataset.shard(args.world_size, args.process_index, contiguous=True) if args.world_size > 1 else dataset
-        rewards, first, lengths = [], [], []
+        rewards, lengths = [], []
         for start in range(0, len(shard), args.per_device_eval_batch_size):
             rows = [shard[i] for i in range(start, min(start + args.per_device_eval_batch_size, len(shard)))]
             batch = self.actor.generate_sequences(
                 prompt_ids=[r["prompt_ids"] for r in rows], rows=rows, **self._sampling(train=False))
-            result = self._run_reward_funcs(batch)
-            rewards.append(result.per_function)
-            first.append(result.per_function[:, 0])
+            rewards.append(self._run_reward_funcs(batch).per_function)
             lengths.append(batch.response_mask.sum(dim=1).float())
         per_function = self.accelerator.gather_for_metrics(torch.cat(rewards).to(args.device)).cpu()
-        first_scores = per_function[:, 0]
-        correct = (first_scores >= args.eval_correct_threshold).long()
-        weights = torch.tensor(self.reward_weights)
-        total = torch.nansum(per_function * weights, dim=1)
+        correct = (per_function[:, 0] >= args.eval_correct_threshold).long()
+        total = torch.nansum(per_function * torch.tensor(self.reward_weights), dim=1)
         metrics = {f"{prefix}_reward": total.mean().item(),
                    f"{prefix}_accuracy": accuracy_metric().compute(predictions=correct.tolist(),
                                                                     references=[1] * len(correct))["accuracy"],
@@ -310,96 +435,44 @@ class VerlTrainer(Trainer):
         self._record({f"time/{phase}": self._last_phase_seconds})
 
 
-# Estimators that need inputs VerlTrainer does not produce yet (a critic's values, a greedy baseline).
-_NEEDS_ROLES = {"gae": "a critic (PPO)", "remax": "a greedy baseline rollout (ReMax)"}
+def _prepare_datasets(train_dataset, eval_dataset, tokenizer, args):
+    def prepare(ds, split):
+        return prepare_prompts(ds, tokenizer, args.data_key_map, args.max_prompt_length, split)
+
+    train = prepare(train_dataset, "train") if train_dataset is not None else None
+    if isinstance(eval_dataset, dict):
+        return train, {k: prepare(v, f"eval[{k}]") for k, v in eval_dataset.items()}
+    return train, prepare(eval_dataset, "eval") if eval_dataset is not None else None
 
 
-def _check_trainer_support(args) -> None:
-    if args.adv_estimator in _NEEDS_ROLES:
-        raise ValueError(
-            f"adv_estimator={args.adv_estimator!r} needs {_NEEDS_ROLES[args.adv_estimator]}, which VerlTrainer does "
-            f"not run yet; write the loop over the roles instead (examples/custom_loop_ppo.py, "
-            f"examples/custom_loop_remax.py), or pick grpo / rloo."
-        )
+def _group_all_equal(batch: RolloutBatch) -> torch.Tensor:
+    """(B,) True where the row's group has identical rewards (no signal under a group baseline)."""
+    _, inverse = torch.unique(batch.group_ids, return_inverse=True)
+    groups = int(inverse.max()) + 1 if len(inverse) else 0
+    high = torch.full((groups,), -torch.inf).scatter_reduce(0, inverse, batch.rewards, "amax")
+    low = torch.full((groups,), torch.inf).scatter_reduce(0, inverse, batch.rewards, "amin")
+    return (high == low)[inverse]
 
 
-def _one_of_aliases(name, value, alias, alias_value):
-    if value is not None and alias_value is not None:
-        raise ValueError(f"pass either {name}= or {alias}= (they are the same thing), not both.")
-    return value if value is not None else alias_value
+def _split_informative(batch: RolloutBatch):
+    flat = _group_all_equal(batch)
+    return batch.select(~flat), batch.select(flat)
 
 
-def _as_verl_config(args, model) -> VerlConfig:
-    if args is None:
-        name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", "model")
-        return VerlConfig(output_dir=f"{str(name).rstrip('/').split('/')[-1]}-verl")
-    if isinstance(args, VerlConfig):
-        return args
-    if isinstance(args, TrainingArguments):
-        logger.warning("VerlTrainer got TrainingArguments: converting to VerlConfig with the RL fields at their defaults.")
-        values = {f.name: getattr(args, f.name) for f in fields(TrainingArguments) if f.init}
-        return VerlConfig(**values)
-    raise TypeError(f"args must be a VerlConfig (or TrainingArguments), got {type(args).__name__}.")
+def _num_groups(batch: RolloutBatch | None) -> int:
+    return 0 if batch is None or not len(batch) else int(torch.unique(batch.group_ids).numel())
 
 
-def _resolve_rewards(args: VerlConfig, reward_funcs, reward_model):
-    specs = list(args.reward_funcs or [])
-    if reward_funcs is not None:
-        specs += list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-    if reward_model is not None:
-        specs.append(_as_reward_model(reward_model))
-    if not specs:
-        raise ValueError("no reward: pass reward_funcs=[...] (callables or names such as 'gsm8k') or reward_model=.")
-    funcs = resolve_reward_funcs(specs)
-    if args.reward_weights is not None and len(args.reward_weights) != len(funcs):
-        raise ValueError(f"reward_weights has {len(args.reward_weights)} entries for {len(funcs)} reward functions "
-                         f"({[n for n, _ in funcs]}); give one weight per function.")
-    return funcs
+def _first_index_per_group(batch: RolloutBatch) -> list[int]:
+    seen, first = set(), []
+    for i, g in enumerate(batch.group_ids.tolist()):
+        if g not in seen:
+            seen.add(g)
+            first.append(i)
+    return first
 
 
-def _as_reward_model(reward_model) -> RewardModel:
-    if isinstance(reward_model, RewardModel):
-        return reward_model
-    if isinstance(reward_model, str):
-        return RewardModel.from_pretrained(reward_model)
-    path = getattr(reward_model.config, "_name_or_path", None)
-    if not path:
-        raise ValueError("reward_model has no path to load its tokenizer from; pass "
-                         "reward_model=RewardModel(model, tokenizer=...).")
-    return RewardModel(reward_model, tokenizer=AutoTokenizer.from_pretrained(path))
-
-
-def _load_tokenizer(tokenizer, model):
-    if tokenizer is None:
-        path = model if isinstance(model, str) else getattr(model.config, "_name_or_path", None)
-        if not path:
-            raise ValueError("pass processing_class=<tokenizer>: the model has no path to load one from.")
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    if tokenizer.pad_token is None:
-        if tokenizer.eos_token is None:
-            raise ValueError("the tokenizer has neither a pad nor an EOS token; set tokenizer.pad_token.")
-        logger.warning(f"the tokenizer has no pad token; using its EOS token {tokenizer.eos_token!r} for padding.")
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
-def _load_policy(model, peft_config):
-    if isinstance(model, str):
-        model = AutoModelForCausalLM.from_pretrained(model)
-    if not isinstance(model, (PreTrainedModel, torch.nn.Module)):
-        raise TypeError(f"model must be an id, a path or a PreTrainedModel, got {type(model).__name__}.")
-    if peft_config is not None:
-        from peft import get_peft_model
-
-        model = get_peft_model(model, peft_config)
-    return model
-
-
-def _make_reference(ref_policy, actor_model, args) -> ReferencePolicy:
-    if ref_policy is None:
-        return ReferencePolicy.from_actor(actor_model, args.temperature)
-    if isinstance(ref_policy, ReferencePolicy):
-        return ref_policy
-    if isinstance(ref_policy, str):
-        ref_policy = AutoModelForCausalLM.from_pretrained(ref_policy)
-    return ReferencePolicy(ref_policy.to(args.device), args.temperature)
+def _first_groups(batch: RolloutBatch, count: int) -> RolloutBatch:
+    """The rows of the first `count` groups (in order of appearance)."""
+    keep = set(batch.group_ids[_first_index_per_group(batch)[:count]].tolist())
+    return batch.select(torch.tensor([g in keep for g in batch.group_ids.tolist()], dtype=torch.bool))

@@ -2,7 +2,7 @@
 
 Advantage estimators (GRPO, Dr.GRPO, RLOO, GAE, ReMax) turn per-token rewards and prompt
 group ids into per-token advantages; policy losses (PPO clip with DAPO
-clip-higher and dual-clip, REINFORCE) turn log-probs and advantages into a
+clip-higher and dual-clip, REINFORCE, GSPO, SAPO, CISPO, GPG, Clip-Cov, KL-Cov, GMPO) turn log-probs and advantages into a
 scalar loss plus float metrics, reduced by ``agg_loss`` whose whole-step
 normalisers make micro-batch gradient accumulation exact; ``kl_penalty``
 gives per-token KL(pi || pi_ref) estimates (k1/k2/k3/abs and straight-through
@@ -34,6 +34,8 @@ from .utils import (
 from .kl import KL_KINDS, kl_penalty
 from .losses import LOSS_AGG_MODES, agg_loss, ppo_clip_loss, reinforce_loss, value_loss
 from .advantages import gae_advantages, grpo_advantages, remax_advantages, rloo_advantages
+from . import policy_losses  # noqa: F401  (registers gspo, sapo, cispo, gpg, clip_cov, kl_cov, geo_mean)
+from .kl_control import KL_CONTROLLERS, AdaptiveKLController, FixedKLController, PIDKLController, make_kl_controller
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -52,6 +54,11 @@ __all__ = [
     "gae_advantages",
     "remax_advantages",
     "value_loss",
+    "KL_CONTROLLERS",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "PIDKLController",
+    "make_kl_controller",
     "rloo_advantages",
     "entropy_from_logits",
     "logprobs_from_logits",

@@ -161,3 +161,177 @@ def remax_advantages(
     returns = _reverse_cumsum(token_level_rewards, response_mask)
     advantages = (returns - reward_baselines.to(returns.dtype).unsqueeze(-1)) * response_mask
     return advantages, returns
+
+
+def _float_dtype(token_level_rewards: torch.Tensor) -> torch.dtype:
+    """Compute dtype for token-level statistics: the rewards' float dtype, at least fp32."""
+    return torch.promote_types(token_level_rewards.dtype, torch.float32)
+
+
+def _out_dtype(token_level_rewards: torch.Tensor) -> torch.dtype:
+    """Output dtype, as in _broadcast: the rewards' dtype if floating, else fp32."""
+    return token_level_rewards.dtype if token_level_rewards.is_floating_point() else torch.float32
+
+
+def _discounted_return(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Discounted return-to-go G_t = sum_{t' >= t} gamma^(t' - t) r_t' m_t'.  (B, T) -> (B, T), fp32 at least."""
+    masked = token_level_rewards.to(_float_dtype(token_level_rewards)) * response_mask
+    if gamma == 1.0:
+        return masked.flip(-1).cumsum(-1).flip(-1)
+    # A loop over T, not over samples: the closed form gamma^-t * cumsum(gamma^t' r_t') overflows for long T.
+    returns = torch.zeros_like(masked)
+    running = masked.new_zeros(masked.shape[0])
+    for t in reversed(range(masked.shape[1])):
+        running = masked[:, t] + gamma * running
+        returns[:, t] = running
+    return returns
+
+
+@register_advantage("reinforce_plus_plus")
+def reinforce_plus_plus_advantages(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    gamma: float = 1.0,
+    **unused,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ (Hu 2025, arXiv:2501.03262).  (B, T), (B, T) -> (advantages (B, T), returns (B, T)).
+
+    Formula: A_t = whiten_batch(G_t), G_t = sum_{t' >= t} gamma^(t' - t) r_t', whitened over the batch's valid tokens.
+    """
+    from .utils import masked_whiten
+
+    # The paper's per-token KL penalty is not added here: the trainer folds it into token_level_rewards
+    # (use_kl_in_reward).  Rewards at masked positions are dropped.  Deviation from verl: verl zeroes the
+    # running return at every masked position ("reset after EOS"), the same for right-padded rows but, for
+    # a masked hole inside a response (tool output), it cuts earlier tokens off the final reward; we carry
+    # the return through the hole (as _reverse_cumsum does), discounting by position distance t' - t.
+    mask = response_mask.to(_float_dtype(token_level_rewards))
+    returns = _discounted_return(token_level_rewards, mask, gamma) * mask
+    # Global batch normalisation, no group baseline; masked_whiten gives 0 for an empty mask.
+    advantages = masked_whiten(returns, mask) * mask
+    out = _out_dtype(token_level_rewards)
+    return advantages.to(out), returns.to(out)
+
+
+@register_advantage("reinforce_plus_plus_baseline")
+def reinforce_plus_plus_baseline_advantages(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    **unused,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ with group baseline (Hu 2025, arXiv:2501.03262; verl ``reinforce_plus_plus_baseline``).
+
+    Shapes: (B, T), (B, T), (B,) -> (advantages (B, T), returns (B, T)).
+    Formula: A_it = whiten_batch(s_i - mean_g(s)) over all valid tokens of the batch, s_i = sum_t r_it.
+    """
+    from .utils import masked_whiten
+
+    scores = _scores(token_level_rewards)
+    inverse, num_groups = _group_index(group_ids)
+    count = _group_sum(torch.ones_like(scores), inverse, num_groups)
+    dev = scores - _group_sum(scores, inverse, num_groups) / count
+    # Deviation from verl: a singleton group has no baseline; verl uses mean 0 (raw score).  We give it 0
+    # before whitening, as grpo/rloo do.  All-equal groups are forced to exactly 0 (see _group_all_equal).
+    no_signal = (count < 2) | _group_all_equal(scores, inverse, num_groups)
+    dev = torch.where(no_signal, torch.zeros_like(dev), dev)
+    mask = response_mask.to(scores.dtype)
+    # As in verl, whitening shifts the token-weighted mean to 0, so a zero-signal row becomes -mean/std.
+    advantages = masked_whiten(dev.unsqueeze(-1) * mask, mask) * mask
+    advantages = advantages.to(_out_dtype(token_level_rewards))
+    return advantages, advantages.clone()
+
+
+@register_advantage("grpo_passk")
+def grpo_passk_advantages(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    *,
+    norm_by_std: bool = True,
+    epsilon: float = 1e-6,
+    **unused,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Pass@k GRPO (Chen et al. 2025, "Pass@k Training"; verl ``grpo_passk``, which cites arXiv:2503.19595).
+
+    Shapes: (B, T), (B, T), (B,) -> (advantages (B, T), returns (B, T)).
+    Formula: A_i = [i = first argmax_g(s)] (max_g(s) - second_max_g(s)) / (std_g(s) + epsilon), std unbiased; else 0.
+    """
+    scores = _scores(token_level_rewards)
+    inverse, num_groups = _group_index(group_ids)
+    count = _group_sum(torch.ones_like(scores), inverse, num_groups)
+    zeros = scores.new_zeros(num_groups)
+    best = zeros.scatter_reduce(0, inverse, scores, "amax", include_self=False)[inverse]
+    # Ties for the best: only the lowest index is "the best"; the tied copy is then the second best, so A = 0.
+    position = torch.arange(scores.numel(), device=scores.device)
+    candidate = torch.where(scores == best, position, scores.numel())
+    first = position.new_full((num_groups,), scores.numel()).scatter_reduce(0, inverse, candidate, "amin")
+    is_best = position == first[inverse]
+    others = torch.where(is_best, torch.full_like(scores, float("-inf")), scores)
+    second = zeros.scatter_reduce(0, inverse, others, "amax", include_self=False)[inverse]
+    # A singleton has no second best (-inf): use best, so the gap is 0 and no inf is ever formed.
+    # Deviation from verl: verl raises on a singleton group; we give it 0 (no learning signal).
+    second = torch.where(count < 2, best, second)
+    adv = best - second
+    if norm_by_std:
+        mean = _group_sum(scores, inverse, num_groups) / count
+        std = (_group_sum((scores - mean).square(), inverse, num_groups) / (count - 1).clamp(min=1)).sqrt()
+        # A zero gap (singleton, tie, all-equal group) may have std 0: divide by 1 there, no 0/0 at epsilon=0.
+        adv = adv / torch.where(adv > 0, std + epsilon, torch.ones_like(std))
+    adv = torch.where(is_best, adv, torch.zeros_like(adv))
+    return _broadcast(adv, token_level_rewards, response_mask)
+
+
+@register_advantage("opo")
+def opo_advantages(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    **unused,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """OPO: on-policy RL with the optimal (length-weighted) reward baseline (Hao et al. 2025, arXiv:2505.23585).
+
+    Shapes: (B, T), (B, T), (B,) -> (advantages (B, T), returns (B, T)).
+    Formula: A_i = s_i - b_g, b_g = sum_{j in g} |o_j| s_j / sum_{j in g} |o_j|, |o_j| = sum_t m_jt, s_i = sum_t r_it.
+    """
+    scores = _scores(token_level_rewards)
+    inverse, num_groups = _group_index(group_ids)
+    count = _group_sum(torch.ones_like(scores), inverse, num_groups)
+    length = response_mask.to(scores.dtype).sum(-1)
+    # clamp: a group of only empty responses has weight 0 (its rows are masked out anyway); avoid 0/0.
+    baseline = _group_sum(length * scores, inverse, num_groups) / _group_sum(length, inverse, num_groups).clamp(min=1)
+    adv = scores - baseline
+    # Deviation from verl: verl uses baseline 0 for a singleton (advantage = raw score); we give it 0, as grpo.
+    # All-equal groups are forced to exactly 0: the weighted mean of equal floats is not always bit-exact.
+    no_signal = (count < 2) | _group_all_equal(scores, inverse, num_groups)
+    adv = torch.where(no_signal, torch.zeros_like(adv), adv)
+    return _broadcast(adv, token_level_rewards, response_mask)
+
+
+@register_advantage("gpg")
+def gpg_advantages(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    **unused,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """GPG: group policy gradient (Chu et al. 2025, "GPG: A Simple and Strong RL Baseline", arXiv:2504.02546).
+
+    Shapes: (B, T), (B, T), (B,) -> (advantages (B, T), returns (B, T)).
+    Formula: A_i = alpha (s_i - mean_g(s)), alpha = B / (B - M), M = #samples in groups whose scores are all equal.
+    """
+    scores = _scores(token_level_rewards)
+    inverse, num_groups = _group_index(group_ids)
+    count = _group_sum(torch.ones_like(scores), inverse, num_groups)
+    dev = scores - _group_sum(scores, inverse, num_groups) / count
+    # A singleton (no baseline; verl gives it the raw score) and an all-equal group carry no gradient: they are
+    # the paper's "invalid" samples M, and alpha scales the rest up so the batch mean gradient is not diluted.
+    valid = (count >= 2) & ~_group_all_equal(scores, inverse, num_groups)
+    # Deviation from verl: verl's alpha = B / count_nonzero(scores) counts non-zero rewards, which equals the
+    # paper's B / (B - M) only in special cases; we follow the paper.  Paper's F_norm is 1 here (verl default
+    # f_norm=1): norm_by_std is ignored on purpose, so the trainer's GRPO flag does not turn GPG into GRPO.
+    num_valid = valid.sum().to(scores.dtype)
+    alpha = scores.numel() / num_valid.clamp(min=1)  # no valid sample: every advantage is 0 below anyway
+    adv = torch.where(valid, alpha * dev, torch.zeros_like(dev))
+    return _broadcast(adv, token_level_rewards, response_mask)

@@ -76,11 +76,19 @@ class TrainableRole(Role):
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
-    def step(self) -> float | None:
-        """Clip (if `max_grad_norm`), take an AdamW step, zero the gradients; returns the gradient norm."""
+    def _ensure_optimizer(self) -> torch.optim.Optimizer:
         if self.optimizer is None:
             params = [p for p in self.model.parameters() if p.requires_grad]
             self.optimizer = torch.optim.AdamW(params, lr=self.learning_rate, weight_decay=0.0)
+        return self.optimizer
+
+    def load_optimizer_state(self, state: dict) -> None:
+        """Resume the role's optimizer (created here if it does not exist yet)."""
+        self._ensure_optimizer().load_state_dict(state)
+
+    def step(self) -> float | None:
+        """Clip (if `max_grad_norm`), take an AdamW step, zero the gradients; returns the gradient norm."""
+        self._ensure_optimizer()
         norm = None
         if self.max_grad_norm:
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm).item()

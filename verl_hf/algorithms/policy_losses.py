@@ -1,0 +1,417 @@
+"""More policy losses: GSPO, SAPO, CISPO, GPG, Clip-Cov, KL-Cov and GMPO (``geo_mean``).
+
+Importing this module registers each loss under its name in ``POLICY_LOSSES``.  All share the
+signature of ``ppo_clip_loss``: (old_logprobs, logprobs, advantages, response_mask, *,
+loss_agg_mode, num_tokens, num_seqs, norm_constant, <own scalars>, **unused) -> (loss, metrics),
+inputs (B, T), loss a scalar, metrics python floats.  Token losses go through ``agg_loss`` with the
+whole-step normalisers so gradient accumulation stays exact.  Definitions follow the papers and
+verl's ``verl/trainer/ppo/core_algos.py``; deviations are marked in the code.
+
+See it work: tests/test_policy_losses.py
+"""
+
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from .losses import LOSS_AGG_MODES, agg_loss
+from .registry import register_policy_loss
+from .utils import masked_mean
+
+# exp(+-20) is ~4.9e8 / 2.1e-9: finite in fp32 and bf16, and far outside any trust region.
+_MAX_LOG_RATIO = 20.0
+
+
+def _where_valid(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """x where mask is set, else 0.  (B, T) -> (B, T).
+
+    torch.where (not x * mask) so a nan/inf in padding reaches neither the value nor the gradient.
+    """
+    return torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def _log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Clamped per-token log importance ratio, 0 on padding.  (B, T) -> (B, T)."""
+    return _where_valid(logprobs - old_logprobs, mask).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+
+
+def _ppo_kl(log_ratio: torch.Tensor, mask: torch.Tensor) -> float:
+    """Masked mean of the k2 estimate 0.5 (logp - old)^2, the ``ppo_kl`` metric of ``ppo_clip_loss``."""
+    return masked_mean(0.5 * log_ratio.detach().square(), mask).item()
+
+
+def _frac(flags: torch.Tensor, mask: torch.Tensor) -> float:
+    """Fraction of valid tokens where ``flags`` holds (0 for an empty mask)."""
+    return masked_mean(flags.float(), mask).item()
+
+
+def _check_nonneg(**values: float) -> None:
+    for name, v in values.items():
+        if not v >= 0:
+            raise ValueError(f"{name} must be >= 0, got {v}")
+
+
+def _check_fraction(name: str, v: float) -> None:
+    if not 0 < v <= 1:
+        raise ValueError(f"{name} must be in (0, 1], got {v}")
+
+
+@register_policy_loss("gspo")
+def gspo_loss(
+    old_logprobs: torch.Tensor,
+    logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    num_tokens=None,
+    num_seqs=None,
+    norm_constant: Optional[float] = None,
+    clip_ratio_low: float = 3e-4,
+    clip_ratio_high: float = 4e-4,
+    **unused,
+) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """Group Sequence Policy Optimization (Zheng et al. 2025, arXiv:2507.18071).  (B, T) x4 -> (loss, metrics).
+
+    Formula: l_t = max(-A s_t, -A clip(s_t, 1-eps_low, 1+eps_high)), s_t = sg[exp(mean_t(logp - old))] exp(logp_t - sg[logp_t]).
+
+    s_t equals the sequence ratio s_i in value, but its gradient is s_i * grad logp_t (the paper's
+    GSPO-token form), so clipping acts on whole sequences.  Defaults 3e-4 / 4e-4 are the paper's
+    clipping ranges.  The paper (and verl, which forces it) aggregates with seq-mean-token-mean; we
+    honour ``loss_agg_mode`` so pass "seq-mean-token-mean" to match the paper.
+    Metrics: clip_frac (tokens in clipped sequences), ppo_kl, seq_ratio_mean.
+    """
+    _check_nonneg(clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
+    mask = response_mask.bool()
+    log_ratio = _where_valid(logprobs - old_logprobs, response_mask)
+    # Mean first, clamp after (verl clamps the sum at +10 only): clamping the mean keeps s_i exact
+    # for every sequence with |mean log-ratio| <= 20; the clamp is on a detached value, so it never
+    # zeroes a gradient.
+    seq_log_ratio = masked_mean(log_ratio, response_mask, dim=-1).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    # logp - sg[logp] is exactly 0 in value (on padding forced to 0: inf - inf would be nan).
+    token_term = _where_valid(logprobs - logprobs.detach(), response_mask)
+    ratio = torch.exp(seq_log_ratio.detach().unsqueeze(-1) + token_term)
+    pg_unclipped = -advantages * ratio
+    pg_clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    loss_mat = torch.maximum(pg_unclipped, pg_clipped)
+    loss = agg_loss(loss_mat, response_mask, loss_agg_mode,
+                    num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=norm_constant)
+    with torch.no_grad():
+        nonempty = mask.any(-1)
+        metrics = {
+            "clip_frac": _frac(pg_clipped > pg_unclipped, response_mask),
+            "ppo_kl": _ppo_kl(log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO), response_mask),
+            "seq_ratio_mean": masked_mean(seq_log_ratio.exp(), nonempty).item(),
+        }
+    return loss, metrics
+
+
+@register_policy_loss("sapo")
+def sapo_loss(
+    old_logprobs: torch.Tensor,
+    logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    num_tokens=None,
+    num_seqs=None,
+    norm_constant: Optional[float] = None,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+    **unused,
+) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """Soft Adaptive Policy Optimization (Gao et al. 2025, Qwen, arXiv:2511.20347).  (B, T) x4 -> (loss, metrics).
+
+    Formula: l_t = -A_t (4/tau) sigmoid(tau (r_t - 1)), tau = tau_pos if A_t > 0 else tau_neg, r_t = exp(logp - old).
+
+    A smooth gate instead of a hard clip: d l / d logp = -A r 4 sigma (1 - sigma), which is exactly
+    the policy gradient -A grad logp at r = 1 and decays smoothly as r leaves 1 (faster for A < 0,
+    since tau_neg > tau_pos).  Defaults 1.0 / 1.05 are the paper's and verl's.  As in verl, A = 0
+    takes tau_neg (its loss is 0 either way).  The paper (and verl, which forces it) aggregates with
+    seq-mean-token-mean; we honour ``loss_agg_mode``.
+    Metrics: ppo_kl, ratio_mean, gate_grad_mean (mean of 4 sigma (1 - sigma), 1 when on-policy).
+    """
+    if not (tau_pos > 0 and tau_neg > 0):
+        raise ValueError(f"tau_pos and tau_neg must be > 0, got {tau_pos}, {tau_neg}")
+    log_ratio = _log_ratio(logprobs, old_logprobs, response_mask)
+    ratio = log_ratio.exp()
+    tau = torch.where(advantages > 0, tau_pos, tau_neg).to(ratio.dtype)
+    sig = torch.sigmoid(tau * (ratio - 1.0))
+    loss_mat = -advantages * sig * (4.0 / tau)
+    loss = agg_loss(loss_mat, response_mask, loss_agg_mode,
+                    num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=norm_constant)
+    with torch.no_grad():
+        metrics = {
+            "ppo_kl": _ppo_kl(log_ratio, response_mask),
+            "ratio_mean": masked_mean(ratio, response_mask).item(),
+            "gate_grad_mean": masked_mean(4.0 * sig * (1.0 - sig), response_mask).item(),
+        }
+    return loss, metrics
+
+
+@register_policy_loss("cispo")
+def cispo_loss(
+    old_logprobs: torch.Tensor,
+    logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    num_tokens=None,
+    num_seqs=None,
+    norm_constant: Optional[float] = None,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    **unused,
+) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """Clipped IS-weight Policy Optimization (MiniMax-M1, MiniMax 2025, arXiv:2506.13585).  (B, T) x4 -> (loss, metrics).
+
+    Formula: l_t = -sg[clip(r_t, 1-eps_low, 1+eps_high)] A_t logp_t, r_t = exp(logp - old).
+
+    Unlike PPO no token loses its gradient: only the weight is clipped.  Defaults 0.2 / 0.2 are
+    verl's (its shared actor clip_ratio_low/high); the paper sets no lower bound and tunes only
+    eps_high -- verl's CISPO recipe passes clip_ratio_low=10 for that, and so can you.
+    Metrics: clip_frac (weight clipped at either bound), ppo_kl, ratio_mean.
+    """
+    _check_nonneg(clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
+    log_ratio = _log_ratio(logprobs, old_logprobs, response_mask)
+    ratio = log_ratio.exp()
+    weight = ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high).detach()
+    loss_mat = -weight * advantages * _where_valid(logprobs, response_mask)
+    loss = agg_loss(loss_mat, response_mask, loss_agg_mode,
+                    num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=norm_constant)
+    with torch.no_grad():
+        clipped = (ratio < 1.0 - clip_ratio_low) | (ratio > 1.0 + clip_ratio_high)
+        metrics = {
+            "clip_frac": _frac(clipped, response_mask),
+            "ppo_kl": _ppo_kl(log_ratio, response_mask),
+            "ratio_mean": masked_mean(ratio, response_mask).item(),
+        }
+    return loss, metrics
+
+
+@register_policy_loss("gpg")
+def gpg_loss(
+    old_logprobs: Optional[torch.Tensor],
+    logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    num_tokens=None,
+    num_seqs=None,
+    norm_constant: Optional[float] = None,
+    **unused,
+) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """Group Policy Gradient loss (Chu et al. 2025, arXiv:2504.02546).  (B, T) inputs -> (loss, metrics).
+
+    Formula: l_t = -A_t logp_t (no ratio, no clip), aggregated by ``agg_loss``.
+
+    The same loss as ``reinforce``: GPG's differences (group baseline, correction for all-equal
+    groups) live in its advantage estimator, not here.  ``old_logprobs`` may be None; when given,
+    ``ppo_kl`` is reported (verl returns no metrics).
+    """
+    loss_mat = -advantages * _where_valid(logprobs, response_mask)
+    loss = agg_loss(loss_mat, response_mask, loss_agg_mode,
+                    num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=norm_constant)
+    metrics = {}
+    if old_logprobs is not None:
+        with torch.no_grad():
+            metrics["ppo_kl"] = _ppo_kl(_log_ratio(logprobs, old_logprobs, response_mask), response_mask)
+    return loss, metrics
+
+
+def _centered_cov(advantages: torch.Tensor, logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-token covariance term of Cui et al. 2025, 0 on padding (detached).  (B, T) -> (B, T).
+
+    Formula: cov_t = (A_t - mean A) (logp_t - mean logp), means over the valid tokens of this call.
+    """
+    adv, logp = advantages.detach(), logprobs.detach()
+    cov = (adv - masked_mean(adv, mask)) * (logp - masked_mean(logp, mask))
+    return _where_valid(cov, mask)
+
+
+@register_policy_loss("clip_cov")
+def clip_cov_loss(
+    old_logprobs: torch.Tensor,
+    logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    num_tokens=None,
+    num_seqs=None,
+    norm_constant: Optional[float] = None,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
+    clip_cov_ratio: float = 2e-4,
+    clip_cov_lb: float = 1.0,
+    clip_cov_ub: float = 5.0,
+    generator: Optional[torch.Generator] = None,
+    **unused,
+) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """Clip-Cov (Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs).  (B, T) x4 -> (loss, metrics).
+
+    Formula: l_t = 0 on max(1, floor(ratio N)) random tokens with lb < cov_t < ub, else vanilla; cov_t = (A - mean A)(logp - mean logp).
+
+    arXiv:2505.22617.  Zeroing a token's loss removes its gradient; it still counts in the
+    token-mean denominator (as in verl).  Like verl we select at least one token even when
+    clip_cov_ratio * N < 1 (N = valid tokens of this call), so a small micro-batch detaches one
+    token rather than none; selection and the covariance means are per call (per micro-batch), also
+    as in verl.  ``generator`` makes the random subset reproducible.  Deviation from verl: the base
+    loss is this package's ``vanilla`` (with dual-clip ``clip_ratio_c`` for A < 0), and tokens
+    already clipped by either bound are not candidates, since they carry no gradient to detach.
+    Metrics: clip_frac, clip_frac_lower (dual-clip), cov_clip_frac (detached share), ppo_kl, ratio_mean.
+    """
+    _check_nonneg(clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
+    _check_fraction("clip_cov_ratio", clip_cov_ratio)
+    if not clip_ratio_c > 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1 (dual-clip lower bound), got {clip_ratio_c}")
+    mask = response_mask.bool()
+    log_ratio = _log_ratio(logprobs, old_logprobs, response_mask)
+    ratio = log_ratio.exp()
+    pg_unclipped = -advantages * ratio
+    pg_clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    pg_max = torch.maximum(pg_unclipped, pg_clipped)
+    pg_dual = -advantages * clip_ratio_c
+    negative = advantages < 0
+    dual_active = negative & (pg_max > pg_dual)
+    vanilla = torch.where(dual_active, pg_dual, pg_max)
+
+    with torch.no_grad():
+        cov = _centered_cov(advantages, logprobs, response_mask)
+        clipped = pg_clipped > pg_unclipped
+        candidates = mask & ~clipped & ~dual_active & (cov > clip_cov_lb) & (cov < clip_cov_ub)
+        n_valid = int(mask.sum().item())
+        n_detach = max(int(clip_cov_ratio * n_valid), 1)
+        flat_idx = candidates.flatten().nonzero().squeeze(-1)
+        gen_device = generator.device if generator is not None else "cpu"
+        perm = torch.randperm(flat_idx.numel(), generator=generator, device=gen_device).to(flat_idx.device)
+        chosen = flat_idx[perm[:n_detach]]
+        detach = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
+        detach[chosen] = True
+        detach = detach.view_as(mask)
+
+    loss_mat = _where_valid(vanilla, ~detach)
+    loss = agg_loss(loss_mat, response_mask, loss_agg_mode,
+                    num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=norm_constant)
+    with torch.no_grad():
+        metrics = {
+            "clip_frac": _frac(clipped, response_mask),
+            "clip_frac_lower": _frac(dual_active, response_mask),
+            "cov_clip_frac": _frac(detach, response_mask),
+            "ppo_kl": _ppo_kl(log_ratio, response_mask),
+            "ratio_mean": masked_mean(ratio, response_mask).item(),
+        }
+    return loss, metrics
+
+
+@register_policy_loss("kl_cov")
+def kl_cov_loss(
+    old_logprobs: torch.Tensor,
+    logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    num_tokens=None,
+    num_seqs=None,
+    norm_constant: Optional[float] = None,
+    kl_cov_ratio: float = 2e-4,
+    kl_cov_coef: float = 1.0,
+    **unused,
+) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """KL-Cov (Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs).  (B, T) x4 -> (loss, metrics).
+
+    Formula: l_t = -A_t r_t + coef |logp_t - old_t| on the top k = max(1, floor(ratio N)) tokens by cov_t, else -A_t r_t.
+
+    arXiv:2505.22617.  As in the paper and verl, KL-Cov replaces clipping: the surrogate -A r is unclipped and the
+    KL penalty on the highest-covariance tokens is the only trust region.  Like verl we penalise at
+    least one token when kl_cov_ratio * N < 1 (N = valid tokens of this call); covariance means and
+    the top-k are per call (per micro-batch).  ``kl_cov_coef`` is verl's ``ppo_kl_coef``; its
+    function fallback is 1.0 (our default) while its config file ships 0.1.  Selection is
+    deterministic (top-k), so no generator is needed.
+    Metrics: kl_cov_frac (penalised share), ppo_kl, ppo_kl_abs (mean |logp - old|), ratio_mean.
+    """
+    _check_fraction("kl_cov_ratio", kl_cov_ratio)
+    _check_nonneg(kl_cov_coef=kl_cov_coef)
+    mask = response_mask.bool()
+    log_ratio = _log_ratio(logprobs, old_logprobs, response_mask)
+    ratio = log_ratio.exp()
+    pg = -advantages * ratio
+    with torch.no_grad():
+        cov = _centered_cov(advantages, logprobs, response_mask)
+        n_valid = int(mask.sum().item())
+        k = min(max(int(kl_cov_ratio * n_valid), 1), n_valid)
+        # Padding scores -inf so it is never picked while a valid token remains (k <= N).
+        scores = torch.where(mask, cov, torch.full_like(cov, -float("inf"))).flatten()
+        penalise = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
+        penalise[torch.topk(scores, k).indices] = True
+        penalise = penalise.view_as(mask)
+    loss_mat = torch.where(penalise, pg + kl_cov_coef * log_ratio.abs(), pg)
+    loss = agg_loss(loss_mat, response_mask, loss_agg_mode,
+                    num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=norm_constant)
+    with torch.no_grad():
+        metrics = {
+            "kl_cov_frac": _frac(penalise, response_mask),
+            "ppo_kl": _ppo_kl(log_ratio, response_mask),
+            "ppo_kl_abs": masked_mean(log_ratio.abs(), response_mask).item(),
+            "ratio_mean": masked_mean(ratio, response_mask).item(),
+        }
+    return loss, metrics
+
+
+@register_policy_loss("geo_mean")
+def geo_mean_loss(
+    old_logprobs: torch.Tensor,
+    logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    num_tokens=None,
+    num_seqs=None,
+    norm_constant: Optional[float] = None,
+    clip_ratio_low: float = 0.4,
+    clip_ratio_high: float = 0.4,
+    **unused,
+) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """Geometric-Mean Policy Optimization, GMPO (Zhao et al. 2025, arXiv:2507.20673).  (B, T) x4 -> (loss, metrics).
+
+    Formula: l_i = -A_i exp(mean_t c_t), c_t = (min if A_i > 0 else max)(lr_t, clip(lr_t, -eps_low, eps_high)), lr_t = logp_t - old_t.
+
+    A_i = masked mean of A_t (GMPO uses sequence-level advantages).  The per-sequence geometric
+    mean of token ratios, clipped token-wise in log space (the paper's range (e^-0.4, e^0.4) gives
+    the defaults) and pessimistically: a bound only binds in the direction that would raise the
+    objective.  Aggregation: loss = sum_i l_i / N_seq with N_seq = ``num_seqs`` or B -- a plain mean
+    over sequences as in the paper and verl, exact under gradient accumulation; ``loss_agg_mode``
+    is validated but ignored (there are no token losses to reduce).  Sequences without valid tokens
+    give l_i = 0 but count in N_seq.  Deviation from verl: the clip direction follows the sign of
+    the sequence advantage A_i (verl: each token's A_t); identical for outcome advantages such as
+    GRPO's, and consistent with the per-sequence objective otherwise.
+    Metrics: clip_frac (a log-ratio bound was active), ppo_kl, seq_ratio_mean.
+    """
+    if loss_agg_mode not in LOSS_AGG_MODES:
+        raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; valid: {', '.join(LOSS_AGG_MODES)}")
+    _check_nonneg(clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
+    mask = response_mask.bool()
+    log_ratio = _log_ratio(logprobs, old_logprobs, response_mask)
+    seq_adv = masked_mean(advantages, response_mask, dim=-1)  # (B,) sequence-level advantage
+    bounded = log_ratio.clamp(-clip_ratio_low, clip_ratio_high)
+    positive = (seq_adv > 0).unsqueeze(-1)
+    clipped_log = torch.where(positive, torch.minimum(log_ratio, bounded), torch.maximum(log_ratio, bounded))
+    seq_log_ratio = masked_mean(clipped_log, response_mask, dim=-1)  # (B,), 0 for empty rows
+    seq_ratio = seq_log_ratio.exp()
+    seq_loss = -seq_adv * seq_ratio
+    # agg_loss on a (B, 1) matrix: seq-mean-token-sum is sum_i l_i / N_seq with the shared normaliser.
+    loss = agg_loss(seq_loss.unsqueeze(-1), torch.ones_like(seq_loss, dtype=torch.bool).unsqueeze(-1),
+                    "seq-mean-token-sum", num_seqs=num_seqs)
+    with torch.no_grad():
+        metrics = {
+            "clip_frac": _frac(clipped_log != log_ratio, response_mask),
+            "ppo_kl": _ppo_kl(log_ratio, response_mask),
+            "seq_ratio_mean": masked_mean(seq_ratio, mask.any(-1)).item(),
+        }
+    return loss, metrics

@@ -1,0 +1,147 @@
+"""Construction helpers of `VerlTrainer`: turning what users pass into roles, config and rewards.
+
+Everything here runs before training and fails fast with the fix in the message.
+
+See it work: tests/test_errors.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import fields
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, TrainingArguments
+
+from .config import VerlConfig
+from .rewards import resolve_reward_funcs
+from .roles import Critic, ReferencePolicy, RewardModel
+
+logger = logging.getLogger(__name__)
+
+
+def one_of_aliases(name, value, alias, alias_value):
+    if value is not None and alias_value is not None:
+        raise ValueError(f"pass either {name}= or {alias}= (they are the same thing), not both.")
+    return value if value is not None else alias_value
+
+
+def as_verl_config(args, model) -> VerlConfig:
+    if args is None:
+        name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", "model")
+        return VerlConfig(output_dir=f"{str(name).rstrip('/').split('/')[-1]}-verl")
+    if isinstance(args, VerlConfig):
+        return args
+    if isinstance(args, TrainingArguments):
+        logger.warning("VerlTrainer got TrainingArguments: converting to VerlConfig with the RL fields at their defaults.")
+        values = {f.name: getattr(args, f.name) for f in fields(TrainingArguments) if f.init}
+        return VerlConfig(**values)
+    raise TypeError(f"args must be a VerlConfig (or TrainingArguments), got {type(args).__name__}.")
+
+
+def resolve_rewards(args: VerlConfig, reward_funcs, reward_model):
+    specs = list(args.reward_funcs or [])
+    if reward_funcs is not None:
+        specs += list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    if reward_model is not None:
+        specs.append(as_reward_model(reward_model))
+    if not specs:
+        raise ValueError("no reward: pass reward_funcs=[...] (callables or names such as 'gsm8k') or reward_model=.")
+    funcs = resolve_reward_funcs(specs)
+    if args.reward_weights is not None and len(args.reward_weights) != len(funcs):
+        raise ValueError(f"reward_weights has {len(args.reward_weights)} entries for {len(funcs)} reward functions "
+                         f"({[n for n, _ in funcs]}); give one weight per function.")
+    return funcs
+
+
+def as_reward_model(reward_model) -> RewardModel:
+    if isinstance(reward_model, RewardModel):
+        return reward_model
+    if isinstance(reward_model, str):
+        return RewardModel.from_pretrained(reward_model)
+    path = getattr(reward_model.config, "_name_or_path", None)
+    if not path:
+        raise ValueError("reward_model has no path to load its tokenizer from; pass "
+                         "reward_model=RewardModel(model, tokenizer=...).")
+    return RewardModel(reward_model, tokenizer=AutoTokenizer.from_pretrained(path))
+
+
+def load_tokenizer(tokenizer, model):
+    if tokenizer is None:
+        path = model if isinstance(model, str) else getattr(model.config, "_name_or_path", None)
+        if not path:
+            raise ValueError("pass processing_class=<tokenizer>: the model has no path to load one from.")
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError("the tokenizer has neither a pad nor an EOS token; set tokenizer.pad_token.")
+        logger.warning(f"the tokenizer has no pad token; using its EOS token {tokenizer.eos_token!r} for padding.")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_policy(model, peft_config):
+    if isinstance(model, str):
+        model = AutoModelForCausalLM.from_pretrained(model)
+    if not isinstance(model, (PreTrainedModel, torch.nn.Module)):
+        raise TypeError(f"model must be an id, a path or a PreTrainedModel, got {type(model).__name__}.")
+    if peft_config is not None:
+        from peft import get_peft_model
+
+        model = get_peft_model(model, peft_config)
+    return model
+
+
+def make_reference(ref_policy, actor_model, args) -> ReferencePolicy:
+    if ref_policy is None:
+        return ReferencePolicy.from_actor(actor_model, args.temperature)
+    if isinstance(ref_policy, ReferencePolicy):
+        return ref_policy
+    if isinstance(ref_policy, str):
+        ref_policy = AutoModelForCausalLM.from_pretrained(ref_policy)
+    return ReferencePolicy(ref_policy.to(args.device), args.temperature)
+
+
+def policy_path(model) -> str | None:
+    """Where a policy came from (id or path), for loading companions such as the critic or the tokenizer."""
+    if isinstance(model, str):
+        return model
+    base = getattr(model, "get_base_model", lambda: model)()
+    return getattr(getattr(base, "config", None), "_name_or_path", None) or None
+
+
+def make_critic(critic, policy, args: VerlConfig) -> Critic | None:
+    """The PPO critic: given (role, model or path), or a value head on the policy's own checkpoint."""
+    if args.adv_estimator != "gae":
+        if critic is not None:
+            raise ValueError(f"critic= is given but adv_estimator={args.adv_estimator!r} uses no values; set "
+                             f"adv_estimator='gae' (PPO) or drop the critic.")
+        return None
+    if args.world_size > 1:
+        raise NotImplementedError("PPO's critic runs in one process for now; multi-process critics arrive with the "
+                                  "DeepSpeed work. Use GRPO/RLOO/REINFORCE++ under accelerate launch meanwhile.")
+    if isinstance(critic, Critic):
+        role = critic
+    elif critic is None or isinstance(critic, str):
+        path = critic or policy_path(policy)
+        if not path:
+            raise ValueError("PPO needs a critic: pass critic='<id or path>' (the policy has no path to start from).")
+        role = Critic.from_pretrained(path)
+    else:
+        role = Critic(critic)
+    role.learning_rate, role.max_grad_norm = args.critic_learning_rate, args.max_grad_norm
+    role.model.to(args.device)
+    return role
+
+
+def make_kl_ctrl(args: VerlConfig):
+    """The KL coefficient controller that VerlConfig names (its value starts at kl_coef)."""
+    from .algorithms import make_kl_controller
+
+    if args.kl_controller == "fixed":
+        return make_kl_controller("fixed", kl_coef=args.kl_coef)
+    if args.kl_controller == "adaptive":
+        return make_kl_controller("adaptive", init_kl_coef=args.kl_coef, target_kl=args.kl_target,
+                                  horizon=args.kl_horizon)
+    kp, ki, kd = args.kl_pid_gains
+    return make_kl_controller("pid", init_kl_coef=args.kl_coef, target_kl=args.kl_target, kp=kp, ki=ki, kd=kd)
