@@ -136,3 +136,38 @@ def test_accumulation_invariance_8_vs_4x2(tmp_path, warm_start_dir, addition, lo
     assert sum(g.abs().sum() for g in grads_a) > 0  # the group's rewards differed: a real gradient
     for a, b in zip(grads_a, grads_b):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_ppo_checkpoint_resume_includes_critic_and_kl_controller(tmp_path, warm_start_dir, addition):
+    """A PPO run resumed from checkpoint-2 ends with the same actor AND critic as the uninterrupted run."""
+    def config(out):
+        return small_config(tmp_path, output_dir=str(tmp_path / out), adv_estimator="gae", num_generations=1,
+                            per_device_train_batch_size=16, generation_batch_size=16, ppo_epochs=2, max_steps=4,
+                            critic_learning_rate=1e-3, kl_coef=0.05, use_kl_in_reward=True,
+                            kl_controller="adaptive", kl_target=0.01, kl_horizon=100,
+                            save_strategy="steps", save_steps=2)
+
+    full = VerlTrainer(model=warm_start_dir, args=config("full"), train_dataset=addition[0])
+    full.train()
+    checkpoint = tmp_path / "full" / "checkpoint-2"
+    assert (checkpoint / "critic" / "optimizer.pt").exists() and (checkpoint / "kl_controller.json").exists()
+    resumed = VerlTrainer(model=warm_start_dir, args=config("resumed"), train_dataset=addition[0])
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    for a, b in zip(full.model.parameters(), resumed.model.parameters()):
+        torch.testing.assert_close(a, b)
+    for a, b in zip(full.critic.model.parameters(), resumed.critic.model.parameters()):
+        torch.testing.assert_close(a, b)
+    assert full.kl_ctrl.value == pytest.approx(resumed.kl_ctrl.value) and full.kl_ctrl.value != 0.05
+    logs = [h for h in full.state.log_history if "critic/value_loss" in h]
+    assert logs and "kl/coef" in logs[0]
+
+
+def test_critic_warmup_keeps_the_actor_still(tmp_path, warm_start_dir, addition):
+    args = small_config(tmp_path, adv_estimator="gae", num_generations=1, per_device_train_batch_size=16,
+                        max_steps=2, critic_warmup_steps=2, learning_rate=1e-2)
+    trainer = VerlTrainer(model=warm_start_dir, args=args, train_dataset=addition[0])
+    before = [p.clone() for p in trainer.model.parameters()]
+    critic_before = [p.clone() for p in trainer.critic.model.parameters()]
+    trainer.train()
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(critic_before, trainer.critic.model.parameters()))
