@@ -171,3 +171,59 @@ def test_critic_warmup_keeps_the_actor_still(tmp_path, warm_start_dir, addition)
     trainer.train()
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
     assert any(not torch.equal(a, b) for a, b in zip(critic_before, trainer.critic.model.parameters()))
+
+
+def _first_operand_parity_reward(prompts, completions, completion_ids, operands, **kw):
+    """Odd first operand: every response scores 0.5 (a group with no signal); even: 1 if right else 0."""
+    return [0.5 if a % 2 else float(c.strip() == f"#### {a + b}") for c, (a, b) in zip(completions, operands)]
+
+
+def _groups(batch):
+    out = {}
+    for g, r in zip(batch.group_ids.tolist(), batch.rewards.tolist()):
+        out.setdefault(g, []).append(r)
+    return out
+
+
+def test_dynamic_sampling_drops_flat_groups_and_refills(tmp_path, warm_start_dir, addition):
+    args = small_config(tmp_path, reward_funcs=None, reward_weights=None, dynamic_sampling=True,
+                        dynamic_sampling_max_rounds=10, per_device_train_batch_size=32, max_steps=1)
+    trainer = VerlTrainer(model=warm_start_dir, args=args, train_dataset=addition[0],
+                          reward_funcs=[_first_operand_parity_reward])
+    rows = next(iter(trainer.get_train_dataloader()))
+    trainer.training_step(trainer.model, rows)
+    batch = trainer._round[0]
+    groups = _groups(batch)
+    assert len(batch) == 32 and len(groups) == 8 and all(len(v) == 4 for v in groups.values())
+    assert all(max(v) > min(v) for v in groups.values())  # only informative groups are kept
+    assert trainer._metrics["dynamic_sampling/informative_frac"][0] < 1.0
+    assert trainer._metrics["dynamic_sampling/extra_rounds"][0] >= 1
+    assert "dynamic_sampling/filler_groups" not in trainer._metrics
+
+
+def test_dynamic_sampling_fills_with_flat_groups_when_none_are_informative(tmp_path, warm_start_dir, addition):
+    def constant(prompts, completions, completion_ids, **kw):
+        return [1.0] * len(completions)
+
+    args = small_config(tmp_path, reward_funcs=None, reward_weights=None, dynamic_sampling=True,
+                        dynamic_sampling_max_rounds=2, max_steps=1)
+    trainer = VerlTrainer(model=warm_start_dir, args=args, train_dataset=addition[0], reward_funcs=[constant])
+    trainer.train()
+    log = trainer.state.log_history[0]
+    assert log["dynamic_sampling/filler_groups"] == 8 and log["dynamic_sampling/extra_rounds"] == 2
+    assert log["advantages/abs_mean"] == 0.0
+
+
+def test_remax_baselines_are_the_greedy_rewards_of_each_prompt(tmp_path, warm_start_dir, addition):
+    args = small_config(tmp_path, adv_estimator="remax", num_generations=2, per_device_train_batch_size=8,
+                        max_steps=1)
+    trainer = VerlTrainer(model=warm_start_dir, args=args, train_dataset=addition[0])
+    rows = next(iter(trainer.get_train_dataloader()))
+    trainer.training_step(trainer.model, rows)
+    batch = trainer._round[0]
+    greedy = trainer.actor.generate_sequences(prompt_ids=[r["prompt_ids"] for r in rows], rows=rows,
+                                              max_new_tokens=12, do_sample=False)
+    expected = trainer._rewards(greedy)[0].repeat_interleave(2)
+    torch.testing.assert_close(batch.reward_baselines, expected)
+    adv = batch.advantages[:, 0]
+    torch.testing.assert_close(adv, batch.rewards - expected)  # A = R - R_greedy on the first token

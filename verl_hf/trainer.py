@@ -160,12 +160,12 @@ class VerlTrainer(Trainer):
             return batch
         kept, dropped = _split_informative(batch)
         self._record({"dynamic_sampling/informative_frac": _num_groups(kept) / max(_num_groups(batch), 1)})
-        for extra_round in range(args.dynamic_sampling_max_rounds):
-            if _num_groups(kept) >= args.prompts_per_round:
-                break
+        extra_rounds = 0
+        while _num_groups(kept) < args.prompts_per_round and extra_rounds < args.dynamic_sampling_max_rounds:
             more, more_dropped = _split_informative(self._score(self._rollout(self._refill_rows())))
             kept, dropped = self._concat([kept, more]), self._concat([dropped, more_dropped])
-            self._record({"dynamic_sampling/extra_rounds": extra_round + 1})
+            extra_rounds += 1
+        self._record({"dynamic_sampling/extra_rounds": extra_rounds})
         missing = args.prompts_per_round - _num_groups(kept)
         if missing > 0:
             self._record({"dynamic_sampling/filler_groups": missing})
