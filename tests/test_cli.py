@@ -48,3 +48,12 @@ def test_env_and_help(capsys):
     assert main(["--help"]) == 0
     with pytest.raises(SystemExit, match="unknown command"):
         main(["trian"])
+
+
+def test_yaml_numbers_and_nulls_get_field_types(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("base_config: demo\nlearning_rate: 1e-5\nkl_coef: 1e-3\ndataset_test_split: null\n"
+                      "reward_weights: [1, 0.5]\neval_do_sample: true\n")
+    script, cfg = parse_config(str(config), ["--max_steps", "3"])
+    assert cfg.learning_rate == 1e-5 and cfg.kl_coef == 1e-3 and cfg.reward_weights == [1.0, 0.5]
+    assert cfg.eval_do_sample is True and cfg.max_steps == 3 and script.dataset_test_split is None

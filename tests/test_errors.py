@@ -115,3 +115,23 @@ def test_some_rewards_none_exclude_those_rows(tmp_path, warm_start_dir, addition
     log = next(h for h in trainer.state.log_history if "reward/mean" in h)
     assert log["reward/excluded_frac"] == 0.5
 
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(policy_loss="sapo", policy_loss_kwargs={"tau_postive": 1.0}), "['tau_postive'] are not keywords"),
+        (dict(policy_loss_kwargs={"clip_ratio_low": 0.1}), "as VerlConfig fields"),
+        (dict(eval_num_generations=4), "set eval_do_sample=True"),
+        (dict(kl_controller="adaptive"), "kl_coef=0 turns KL off"),
+        (dict(kl_coef=0.1, kl_controller="pid"), "three numbers (kp ki kd)"),
+    ],
+)
+def test_config_rejects_more(overrides, message):
+    with pytest.raises(ValueError) as err:
+        _config(**overrides)
+    assert message in str(err.value), str(err.value)
+
+
+def test_policy_loss_kwargs_reach_the_loss():
+    assert _config(policy_loss="sapo", policy_loss_kwargs='{"tau_pos": 0.5}').policy_loss_kwargs == {"tau_pos": 0.5}

@@ -53,3 +53,17 @@ def test_generate_restores_training_mode(policy, tokenizer):
     HFGenerateEngine(policy, tokenizer.pad_token_id, [tokenizer.eos_token_id]).generate(
         [[5, 6]], SamplingConfig(max_new_tokens=2))
     assert policy.training
+
+
+def test_model_generation_config_does_not_change_sampling(policy, tokenizer):
+    """A repetition penalty shipped in the model's generation_config must not reach RL sampling."""
+    engine = HFGenerateEngine(policy, tokenizer.pad_token_id, [tokenizer.eos_token_id])
+    prompts = [tokenizer("What is 11 plus 11?\n").input_ids]
+    greedy = SamplingConfig(max_new_tokens=10, do_sample=False)
+    plain = engine.generate(prompts, greedy).response_ids
+    policy.generation_config.repetition_penalty = 5.0
+    policy.generation_config.no_repeat_ngram_size = 1
+    assert torch.equal(engine.generate(prompts, greedy).response_ids, plain)
+    out = policy.generate(torch.tensor(prompts), max_new_tokens=10, do_sample=False,
+                          pad_token_id=tokenizer.pad_token_id)  # plain generate does apply them
+    assert not torch.equal(out[:, len(prompts[0]):][:, : plain.shape[1]], plain)

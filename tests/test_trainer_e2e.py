@@ -227,3 +227,17 @@ def test_remax_baselines_are_the_greedy_rewards_of_each_prompt(tmp_path, warm_st
     torch.testing.assert_close(batch.reward_baselines, expected)
     adv = batch.advantages[:, 0]
     torch.testing.assert_close(adv, batch.rewards - expected)  # A = R - R_greedy on the first token
+
+
+def test_resume_in_the_middle_of_a_round_uses_that_rounds_prompts(tmp_path, warm_start_dir, addition):
+    """Rounds of 2 optimizer steps, resumed after step 1: the next micro-step trains on the second half of a
+    round sampled from the prompts the dataloader gives for that position."""
+    args = small_config(tmp_path, per_device_train_batch_size=16, generation_batch_size=32, max_steps=4)
+    trainer = VerlTrainer(model=warm_start_dir, args=args, train_dataset=addition[0])
+    rows = next(iter(trainer.get_train_dataloader()))
+    trainer._position_synced, trainer.state.global_step = False, 1  # as after loading checkpoint-1
+    trainer.training_step(trainer.model, rows)
+    assert trainer._micro_step == 2 and len(trainer._round) == 2
+    used = trainer._round[1]
+    prompts = {r["prompt"] for r in rows}
+    assert set(used.prompts) <= prompts and len(used) == 16

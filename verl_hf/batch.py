@@ -80,6 +80,11 @@ class RolloutBatch:
         return replace(self, **moved)
 
 
+# Fields shaped (B, Lr): padded on the right when batches are joined.
+TOKEN_FIELDS = ("response_ids", "response_mask", "rollout_logprobs", "old_logprobs", "ref_logprobs", "values",
+                "token_level_rewards", "advantages", "returns")
+
+
 def concat_batches(batches: list[RolloutBatch], pad_token_id: int) -> RolloutBatch:
     """Rows of several batches in one: prompts re-left-padded, responses re-right-padded to the widest.
 
@@ -94,7 +99,7 @@ def concat_batches(batches: list[RolloutBatch], pad_token_id: int) -> RolloutBat
         if all(v is None for v in values) or f.name.startswith("step_num"):
             continue
         if isinstance(values[0], torch.Tensor):
-            if values[0].dim() == 2:
+            if f.name in pads or f.name in TOKEN_FIELDS:
                 width, side, fill = pads.get(f.name, (response_width, "right", pad_token_id if f.name == "response_ids" else 0))
                 values = [_pad(v, width, side, fill) for v in values]
             if f.name == "group_ids":

@@ -8,7 +8,7 @@ See it work: tests/test_cli.py.
 
 from __future__ import annotations
 
-import argparse
+import json
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -29,14 +29,34 @@ def parse_config(config_path: str | None, overrides: list[str]):
     unknown = sorted(set(values or {}) - known)
     if unknown:
         raise SystemExit(f"{config_path}: unknown field(s) {unknown}; see `verl-hf train --help` for the valid ones.")
-    # argparse applies a default only where the namespace lacks the attribute: YAML values stand unless a
-    # flag overrides them.
-    namespace = parser.parse_args(overrides, namespace=argparse.Namespace(**(values or {})))
+    # YAML values go through the same argument parser as flags (so "1e-5" becomes a float, lists and
+    # booleans get their field types); flags after the file come later and win. YAML nulls are set after.
+    namespace = parser.parse_args(_as_argv(values) + list(overrides))
+    given = {arg.lstrip("-").split("=")[0] for arg in overrides if arg.startswith("--")}
+    for key, value in values.items():
+        if value is None and key not in given:
+            setattr(namespace, key, None)
     outputs = []
     for dtype in (ScriptArguments, VerlConfig):
         names = {f.name for f in fields(dtype) if f.init}
         outputs.append(dtype(**{k: v for k, v in vars(namespace).items() if k in names}))
     return tuple(outputs)
+
+
+def _as_argv(values: dict) -> list[str]:
+    argv = []
+    for key, value in values.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            argv += [f"--{key}", str(value).lower()]
+        elif isinstance(value, (list, tuple)):
+            argv += [f"--{key}", *map(str, value)]
+        elif isinstance(value, dict):
+            argv += [f"--{key}", json.dumps(value)]
+        else:
+            argv += [f"--{key}", str(value)]
+    return argv
 
 
 def load_yaml(path: str | Path) -> dict:

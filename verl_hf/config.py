@@ -17,11 +17,14 @@ See it work: tests/test_config.py.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
 from .algorithms import ADVANTAGE_ESTIMATORS, KL_CONTROLLERS, KL_KINDS, LOSS_AGG_MODES, POLICY_LOSSES
+
+logger = logging.getLogger(__name__)
 
 ROLLOUT_ENGINES = ("hf",)
 # Estimators whose baseline comes from the other samples of the same prompt.
@@ -150,6 +153,7 @@ class VerlConfig(TrainingArguments):
         self.policy_loss_kwargs = dict(self.policy_loss_kwargs or {})
         super().__post_init__()
         _check_names(self)
+        _check_policy_loss_kwargs(self)
         _check_ranges(self)
         _check_batch_shape(self)
         _check_rewards(self)
@@ -223,6 +227,12 @@ def _check_ranges(cfg: VerlConfig) -> None:
     for name, ok, fix in checks:
         if not ok:
             raise ValueError(f"{name}={getattr(cfg, name)!r} {fix}.")
+    if cfg.eval_num_generations > 1 and not cfg.eval_do_sample:
+        raise ValueError(f"eval_num_generations={cfg.eval_num_generations} with greedy evaluation repeats one answer; "
+                         f"set eval_do_sample=True or eval_num_generations=1.")
+    if cfg.kl_coef == 0 and (cfg.use_kl_in_reward or cfg.kl_controller != "fixed"):
+        raise ValueError(f"kl_coef=0 turns KL off, so use_kl_in_reward={cfg.use_kl_in_reward} / "
+                         f"kl_controller={cfg.kl_controller!r} would do nothing; set kl_coef > 0 (e.g. 0.01).")
     if cfg.dynamic_sampling and cfg.num_generations < 2:
         raise ValueError("dynamic_sampling drops groups whose rewards are all equal; it needs num_generations >= 2.")
     if cfg.adv_estimator in GROUP_ESTIMATORS and cfg.num_generations < 2:
@@ -263,3 +273,22 @@ def _check_rewards(cfg: VerlConfig) -> None:
                 f"reward_weights has {len(cfg.reward_weights)} entries but reward_funcs has "
                 f"{len(cfg.reward_funcs)}; give one weight per function."
             )
+
+
+def _check_policy_loss_kwargs(args: "VerlConfig") -> None:
+    """Every key of policy_loss_kwargs must be a keyword the chosen loss takes (a typo would be ignored)."""
+    import inspect
+
+    params = inspect.signature(POLICY_LOSSES[args.policy_loss]).parameters
+    own = {n for n, p in params.items() if p.kind == p.KEYWORD_ONLY} - {"loss_agg_mode", "num_tokens", "num_seqs",
+                                                                         "norm_constant"}
+    unknown = sorted(set(args.policy_loss_kwargs) - own)
+    if unknown:
+        raise ValueError(f"policy_loss_kwargs {unknown} are not keywords of policy_loss={args.policy_loss!r}; "
+                         f"it takes {sorted(own)}.")
+    clash = sorted(k for k in ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c") if k in args.policy_loss_kwargs)
+    if clash:
+        raise ValueError(f"set {clash} as VerlConfig fields, not in policy_loss_kwargs.")
+    if args.ppo_epochs > 1 and "old_logprobs" in params and args.policy_loss in ("reinforce", "gpg"):
+        logger.warning(f"policy_loss={args.policy_loss!r} ignores old log-probs: ppo_epochs={args.ppo_epochs} makes "
+                       f"later epochs off-policy without correction.")

@@ -85,9 +85,15 @@ class VerlTrainer(Trainer):
         self._refill_order: list[int] = []
 
     # ------------------------------------------------------------------ the RL step
+    def train(self, *args, **kwargs):
+        self._position_synced = False  # a resumed run may start in the middle of a round
+        return super().train(*args, **kwargs)
+
     def training_step(self, model, inputs, num_items_in_batch=None):
         """One micro-step. The first micro-step of a round samples and prepares the whole round."""
-        if self._micro_step % self.args.micro_steps_per_round == 0:
+        self._sync_round_position()
+        if self._micro_step % self.args.micro_steps_per_round == 0 or not self._round:
+            self._flush_kl_measurement()                        # 0. KL control from the last round's updates
             batch = self._score(self._rollout(inputs))          # 1-2. sample responses, score them
             batch = self._keep_informative_groups(batch)        # 2b. DAPO dynamic sampling (when enabled)
             batch = self._add_greedy_baselines(batch)           # 2c. ReMax baselines (when adv_estimator="remax")
@@ -99,6 +105,14 @@ class VerlTrainer(Trainer):
         micro_batch = self._round[self._micro_step % self.args.micro_steps_per_round]
         self._micro_step += 1
         return self._update(model, micro_batch)                 # 5. losses and backward
+
+    def _sync_round_position(self) -> None:
+        """After a resume, continue at the right micro-step of the round (the dataloader repeats the round's
+        prompts once per micro-step, and the Trainer skipped the ones already trained)."""
+        if not getattr(self, "_position_synced", True):
+            steps = self.state.global_step * self.args.gradient_accumulation_steps
+            self._micro_step, self._round = steps % self.args.micro_steps_per_round, []
+            self._position_synced = True
 
     def _rollout(self, rows: list[dict], train: bool = True) -> RolloutBatch:
         with self._timer("rollout"):
@@ -123,14 +137,15 @@ class VerlTrainer(Trainer):
         with self._timer("reward"):
             batch.rewards, result, penalty = self._rewards(batch)
         self._record(result.metrics())
-        batch.reward_per_function, batch.valid = result.per_function, result.valid
+        device = batch.response_mask.device
+        batch.reward_per_function, batch.valid = result.per_function.to(device), result.valid.to(device)
         if self.args.overlong_buffer_len:
             self._record({"reward/overlong_penalty": penalty.mean().item()})
-        if not bool(result.valid.all()):
-            # Unscored rows take no part: no gradient (mask 0) and a group of their own (advantage 0).
-            batch.response_mask = batch.response_mask * result.valid.unsqueeze(1).to(batch.response_mask.dtype)
-            batch.group_ids = torch.where(result.valid, batch.group_ids, -1 - torch.arange(len(batch)))
-            self._record({"reward/excluded_frac": 1.0 - result.valid.float().mean().item()})
+        if not bool(batch.valid.all()):
+            # Unscored rows take no part: no gradient (mask 0), and no share in their group's baseline
+            # (see _advantage_groups).
+            batch.response_mask = batch.response_mask * batch.valid.unsqueeze(1).to(batch.response_mask.dtype)
+            self._record({"reward/excluded_frac": 1.0 - batch.valid.float().mean().item()})
         return batch
 
     def _rewards(self, batch: RolloutBatch):
@@ -138,7 +153,7 @@ class VerlTrainer(Trainer):
         result = self._run_reward_funcs(batch)
         penalty = overlong_penalty(batch.response_mask.sum(dim=1), self.args.max_response_length,
                                    self.args.overlong_buffer_len, self.args.overlong_penalty_factor)
-        return torch.nan_to_num(result.rewards, nan=0.0) + penalty, result, penalty
+        return torch.nan_to_num(result.rewards.to(penalty.device), nan=0.0) + penalty, result, penalty
 
     def _run_reward_funcs(self, batch: RolloutBatch):
         completion_ids = [ids[mask.bool()].tolist() for ids, mask in zip(batch.response_ids, batch.response_mask)]
@@ -170,7 +185,11 @@ class VerlTrainer(Trainer):
         if missing > 0:
             self._record({"dynamic_sampling/filler_groups": missing})
             kept = self._concat([kept, _first_groups(dropped, missing)])
-        return _first_groups(kept, args.prompts_per_round)
+        kept = _first_groups(kept, args.prompts_per_round)
+        if len(kept) != args.rollout_generation_batch_size:
+            raise RuntimeError(f"dynamic sampling built a round of {len(kept)} rows, expected "
+                               f"{args.rollout_generation_batch_size}; please report this.")
+        return kept
 
     def _refill_rows(self) -> list[dict]:
         """The next prompts of an independent shuffled stream over the train set (one per process)."""
@@ -236,11 +255,11 @@ class VerlTrainer(Trainer):
             if args.use_kl_in_reward and batch.ref_logprobs is not None:
                 kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, args.kl_kind) * mask
                 token_rewards = token_rewards - self.kl_ctrl.value * kl
-                self._record({"kl/in_reward": masked_mean(kl, mask).item()})
-                self._update_kl_coef(masked_mean(kl, mask).item(), len(batch))
+                self._record({"kl/in_reward": masked_mean(kl, mask).item(), "kl/coef": self.kl_ctrl.value})
+                self._kl_seen = [float((kl * mask).sum()), float(mask.sum()), float(len(batch))]
             batch.token_level_rewards = token_rewards
             batch.advantages, batch.returns = self.advantage_fn(
-                token_level_rewards=token_rewards, response_mask=mask, group_ids=batch.group_ids,
+                token_level_rewards=token_rewards, response_mask=mask, group_ids=_advantage_groups(batch),
                 values=batch.values, reward_baselines=batch.reward_baselines, gamma=args.gamma, lam=args.lam,
                 norm_by_std=args.norm_adv_by_std_in_grpo,
             )
@@ -248,16 +267,25 @@ class VerlTrainer(Trainer):
                       "advantages/abs_mean": masked_mean(batch.advantages.abs(), mask).item()})
         return batch
 
-    def _update_kl_coef(self, kl: float, num_samples: int) -> None:
-        """Feed the measured KL to the controller (fixed: no change) and log both."""
-        self._record({"kl/coef": self.kl_ctrl.value})
-        self.kl_ctrl.update(kl, num_samples)
+    def _flush_kl_measurement(self) -> None:
+        """Update the KL coefficient once per round from the round's token-mean KL, summed over processes
+        (so every rank keeps the same coefficient). Adaptive control counts samples (Ziegler et al.); PID
+        takes one update as its time step."""
+        seen, self._kl_seen = getattr(self, "_kl_seen", None), None
+        if seen is None or self.args.kl_controller == "fixed":
+            return
+        totals = torch.tensor(seen, device=self.args.device)
+        if self.args.world_size > 1:
+            totals = self.accelerator.reduce(totals, reduction="sum")
+        kl_sum, tokens, samples = totals.tolist()
+        self.kl_ctrl.update(kl_sum / max(tokens, 1.0), 1 if self.args.kl_controller == "pid" else int(samples))
 
     def _plan_micro_batches(self, batch: RolloutBatch) -> list[RolloutBatch]:
         """Cut the round into micro-batches, each carrying its optimizer step's loss normalisers, so that the
         accumulated gradient equals the gradient of the whole step's loss (not a mean of micro-means)."""
         args = self.args
         step_rows = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        self._round_size = len(batch)
         micro = []
         for step_batch in batch.split(step_rows):
             tokens = float(step_batch.response_mask.sum())
@@ -274,7 +302,7 @@ class VerlTrainer(Trainer):
             model.train()
             with self.compute_loss_context_manager():
                 logprobs, entropy = self.actor.compute_logprobs(
-                    mb, model=model, with_entropy=True, entropy_grad=self.args.entropy_coef > 0)
+                    mb, model=model, with_entropy=self._entropy_needed(), entropy_grad=self.args.entropy_coef > 0)
                 loss = self._actor_loss(mb, logprobs, entropy)
             kwargs = {"scale_wrt_gas": False} if self.is_deepspeed_enabled else {}
             self.accelerator.backward(loss, **kwargs)
@@ -284,6 +312,13 @@ class VerlTrainer(Trainer):
             self._critic_update(mb)
         self._record({"time/update": time.perf_counter() - started})
         return loss.detach()
+
+    def _entropy_needed(self) -> bool:
+        """Entropy over the vocabulary is costly: only for an entropy bonus, or on steps that will be logged."""
+        if self.args.entropy_coef > 0 or self.args.logging_strategy != "steps":
+            return True
+        every = self.state.logging_steps or 1
+        return (self.state.global_step + 1) % every == 0 or self.state.global_step == 0
 
     def _loss_norms(self, mb: RolloutBatch) -> dict:
         return {"num_tokens": mb.step_num_tokens, "num_seqs": mb.step_num_seqs,
@@ -298,17 +333,23 @@ class VerlTrainer(Trainer):
             **clips, **norms, **args.policy_loss_kwargs,
         )
         self._record({f"actor/{k}": v for k, v in metrics.items()})
-        self._record({"actor/entropy": masked_mean(entropy.detach(), mask).item()})
+        if entropy is not None:
+            self._record({"actor/entropy": masked_mean(entropy.detach(), mask).item()})
         if mb.ref_logprobs is not None:
             kl = kl_penalty(logprobs, mb.ref_logprobs, args.kl_kind)
             self._record({"kl": masked_mean(kl.detach(), mask).item()})
-            if not args.use_kl_in_reward and self._micro_step % args.gradient_accumulation_steps == 0:
-                self._update_kl_coef(masked_mean(kl.detach(), mask).item(), int(mb.step_num_seqs))
             if not args.use_kl_in_reward:
                 loss = loss + self.kl_ctrl.value * agg_loss(kl, mask, args.loss_agg_mode, **norms)
+                self._record({"kl/coef": self.kl_ctrl.value})
+                self._accumulate_kl(kl.detach(), mask)
         if args.entropy_coef:
             loss = loss - args.entropy_coef * agg_loss(entropy, mask, args.loss_agg_mode, **norms)
         return loss
+
+    def _accumulate_kl(self, kl, mask) -> None:
+        """Token-weighted KL of this round's updates; samples = the round's rows (not x ppo_epochs)."""
+        seen = getattr(self, "_kl_seen", None) or [0.0, 0.0, float(self._round_size)]
+        self._kl_seen = [seen[0] + float((kl * mask).sum()), seen[1] + float(mask.sum()), seen[2]]
 
     def _critic_update(self, mb: RolloutBatch) -> None:
         """Clipped value loss on the same micro-batch; the critic steps with the actor's optimizer steps."""
@@ -328,7 +369,7 @@ class VerlTrainer(Trainer):
         super()._save_optimizer_and_scheduler(output_dir)
         if self.args.should_save:
             with open(os.path.join(output_dir, KL_CTRL_FILE), "w") as f:
-                json.dump(self.kl_ctrl.state_dict(), f)
+                json.dump({"controller": self.kl_ctrl.state_dict(), "pending": getattr(self, "_kl_seen", None)}, f)
         if self.critic is not None and self.args.should_save:
             self.critic.model.save_pretrained(os.path.join(output_dir, CRITIC_DIR))
             if self.critic.optimizer is not None:
@@ -338,7 +379,9 @@ class VerlTrainer(Trainer):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is not None and os.path.exists(os.path.join(checkpoint, KL_CTRL_FILE)):
             with open(os.path.join(checkpoint, KL_CTRL_FILE)) as f:
-                self.kl_ctrl.load_state_dict(json.load(f))
+                saved = json.load(f)
+            self.kl_ctrl.load_state_dict(saved["controller"])
+            self._kl_seen = saved["pending"]
         if checkpoint is None or self.critic is None:
             return
         critic_dir = os.path.join(checkpoint, CRITIC_DIR)
@@ -387,28 +430,42 @@ class VerlTrainer(Trainer):
         started = time.time()
         metrics = self._evaluate_rewards(dataset, metric_key_prefix)
         metrics.update(speed_metrics(metric_key_prefix, started, num_samples=len(dataset)))
-        self.log(metrics)
+        self._evaluating = True
+        try:
+            self.log(metrics)
+        finally:
+            self._evaluating = False
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
 
     def _evaluate_rewards(self, dataset, prefix: str) -> dict[str, float]:
+        """Each process scores every world_size-th prompt; shards are padded to the same number of generate
+        calls (ZeRO-3 and NCCL collectives need every rank in step) and the padding is dropped again."""
         args = self.args
-        shard = dataset.shard(args.world_size, args.process_index, contiguous=True) if args.world_size > 1 else dataset
-        rewards, lengths = [], []
-        for start in range(0, len(shard), args.per_device_eval_batch_size):
-            rows = [shard[i] for i in range(start, min(start + args.per_device_eval_batch_size, len(shard)))]
+        indices = list(range(args.process_index, len(dataset), args.world_size))
+        per_rank = -(-len(dataset) // args.world_size)
+        real = len(indices)
+        indices += [indices[-1] if indices else 0] * (per_rank - real)
+        scores, lengths = [], []
+        for start in range(0, len(indices), args.per_device_eval_batch_size):
+            rows = [dataset[i] for i in indices[start : start + args.per_device_eval_batch_size]]
             batch = self.actor.generate_sequences(
                 prompt_ids=[r["prompt_ids"] for r in rows], rows=rows, **self._sampling(train=False))
-            rewards.append(self._run_reward_funcs(batch).per_function)
-            lengths.append(batch.response_mask.sum(dim=1).float())
-        per_function = self.accelerator.gather_for_metrics(torch.cat(rewards).to(args.device)).cpu()
+            scores += self._run_reward_funcs(batch).per_function.tolist()
+            lengths += batch.response_mask.sum(dim=1).float().tolist()
+        keep = real * args.eval_num_generations
+        scores, lengths = scores[:keep], lengths[:keep]
+        if args.world_size > 1:
+            from accelerate.utils import gather_object
+
+            scores, lengths = gather_object(scores), gather_object(lengths)
+        per_function = torch.tensor(scores, dtype=torch.float32).view(-1, len(self.reward_funcs))
         correct = (per_function[:, 0] >= args.eval_correct_threshold).long()
         total = torch.nansum(per_function * torch.tensor(self.reward_weights), dim=1)
         metrics = {f"{prefix}_reward": total.mean().item(),
                    f"{prefix}_accuracy": accuracy_metric().compute(predictions=correct.tolist(),
                                                                     references=[1] * len(correct))["accuracy"],
-                   f"{prefix}_response_length": self.accelerator.gather_for_metrics(
-                       torch.cat(lengths).to(args.device)).mean().item()}
+                   f"{prefix}_response_length": sum(lengths) / max(len(lengths), 1)}
         for j, (name, _) in enumerate(self.reward_funcs):
             scored = per_function[:, j][~torch.isnan(per_function[:, j])]
             if scored.numel():
@@ -417,11 +474,26 @@ class VerlTrainer(Trainer):
 
     # ------------------------------------------------------------------ logging
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """Adds the RL metrics gathered since the last log (means) to the Trainer's training logs."""
-        if not any(key.startswith("eval_") for key in logs):
-            logs = {**logs, **{k: sum(v) / len(v) for k, v in self._metrics.items() if v}}
+        """Adds the RL metrics gathered since the last log (means over steps and processes) to training logs."""
+        if not getattr(self, "_evaluating", False):
+            logs = {**logs, **self._metric_means()}
             self._metrics.clear()
         super().log(logs, start_time)
+
+    def _metric_means(self) -> dict[str, float]:
+        """Mean of every recorded metric, pooled over all processes (every rank calls `log` together)."""
+        local = {k: [sum(v), len(v)] for k, v in self._metrics.items() if v}
+        if self.args.world_size > 1:
+            from accelerate.utils import gather_object
+
+            pooled: dict[str, list[float]] = {}
+            for part in gather_object([local]):
+                for k, (total, count) in part.items():
+                    pooled.setdefault(k, [0.0, 0])
+                    pooled[k][0] += total
+                    pooled[k][1] += count
+            local = pooled
+        return {k: total / count for k, (total, count) in local.items()}
 
     def _record(self, values: dict[str, float]) -> None:
         for key, value in values.items():
@@ -445,13 +517,26 @@ def _prepare_datasets(train_dataset, eval_dataset, tokenizer, args):
     return train, prepare(eval_dataset, "eval") if eval_dataset is not None else None
 
 
+def _advantage_groups(batch: RolloutBatch) -> torch.Tensor:
+    """Group ids for the estimators: an unscored row becomes a group of its own (advantage 0) so that it
+    does not shift its prompt's baseline."""
+    if batch.valid is None or bool(batch.valid.all()):
+        return batch.group_ids
+    own = -1 - torch.arange(len(batch), device=batch.group_ids.device)
+    return torch.where(batch.valid.to(batch.group_ids.device), batch.group_ids, own)
+
+
 def _group_all_equal(batch: RolloutBatch) -> torch.Tensor:
-    """(B,) True where the row's group has identical rewards (no signal under a group baseline)."""
+    """(B,) True where the row's group has fewer than two distinct rewards among its scored rows."""
     _, inverse = torch.unique(batch.group_ids, return_inverse=True)
     groups = int(inverse.max()) + 1 if len(inverse) else 0
-    high = torch.full((groups,), -torch.inf).scatter_reduce(0, inverse, batch.rewards, "amax")
-    low = torch.full((groups,), torch.inf).scatter_reduce(0, inverse, batch.rewards, "amin")
-    return (high == low)[inverse]
+    valid = batch.valid if batch.valid is not None else torch.ones_like(batch.rewards, dtype=torch.bool)
+    rewards = batch.rewards
+    high = torch.full((groups,), -torch.inf, device=rewards.device).scatter_reduce(
+        0, inverse, torch.where(valid, rewards, -torch.inf), "amax")
+    low = torch.full((groups,), torch.inf, device=rewards.device).scatter_reduce(
+        0, inverse, torch.where(valid, rewards, torch.inf), "amin")
+    return (high <= low)[inverse]
 
 
 def _split_informative(batch: RolloutBatch):

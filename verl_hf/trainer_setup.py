@@ -145,3 +145,4 @@ def make_kl_ctrl(args: VerlConfig):
                                   horizon=args.kl_horizon)
     kp, ki, kd = args.kl_pid_gains
     return make_kl_controller("pid", init_kl_coef=args.kl_coef, target_kl=args.kl_target, kp=kp, ki=ki, kd=kd)
+

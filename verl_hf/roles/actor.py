@@ -45,6 +45,14 @@ def sequence_logprobs(model, batch: RolloutBatch, temperature: float = 1.0, with
     return logprobs, entropy
 
 
+def disable_dropout(model) -> None:
+    """Dropout off: samples, behaviour log-probs and the loss must see the same policy, or the PPO ratio is
+    noise before any update (as TRL and verl do)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+
+
 def _eos_ids(model, tokenizer) -> list[int]:
     ids = {tokenizer.eos_token_id}
     config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -64,6 +72,7 @@ class Actor(TrainableRole):
             tokenizer.pad_token = tokenizer.eos_token
         self.temperature = temperature
         self.engine = engine or HFGenerateEngine(model, tokenizer.pad_token_id, _eos_ids(model, tokenizer))
+        disable_dropout(model)
 
     # ---------------------------------------------------------------- sampling
     def generate_sequences(self, prompts=None, *, prompt_ids=None, input_ids=None, attention_mask=None,
@@ -92,7 +101,7 @@ class Actor(TrainableRole):
         return RolloutBatch(
             prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, response_ids=out.response_ids,
             response_mask=out.response_mask, truncated=out.truncated, rollout_logprobs=out.logprobs,
-            group_ids=torch.arange(len(ids)).repeat_interleave(n),
+            group_ids=torch.arange(len(ids), device=out.response_ids.device).repeat_interleave(n),
             prompts=[row.get("prompt", self.tokenizer.decode(p)) for row, p in zip(rows, ids) for _ in range(n)],
             completions=self.tokenizer.batch_decode(out.response_ids, skip_special_tokens=True),
             columns={k: [row[k] for row in rows for _ in range(n)] for k in rows[0] if k not in skip},

@@ -13,11 +13,25 @@ import torch
 from .base import Rollout, SamplingConfig, left_pad, mask_after_eos
 
 
+NEUTRAL_PROCESSORS = dict(repetition_penalty=1.0, encoder_repetition_penalty=1.0, no_repeat_ngram_size=0,
+                          min_length=0, min_new_tokens=0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)
+# Fields that cannot be set to "off" explicitly; a model whose generation_config sets them gets a warning.
+UNNEUTRALISABLE = ("bad_words_ids", "suppress_tokens", "begin_suppress_tokens", "sequence_bias", "forced_bos_token_id",
+                   "forced_eos_token_id")
+
+
 class HFGenerateEngine:
     def __init__(self, model, pad_token_id: int, eos_token_ids: list[int]):
         self.model = model
         self.pad_token_id = pad_token_id
         self.eos_token_ids = list(eos_token_ids)
+        config = getattr(model, "generation_config", None)
+        biased = [name for name in UNNEUTRALISABLE if getattr(config, name, None) not in (None, [], {})]
+        if biased:
+            import warnings
+
+            warnings.warn(f"the model's generation_config sets {biased}: sampling will not follow softmax(logits / T) "
+                          f"and the policy-gradient ratios will be off; clear them (model.generation_config.<name> = None).")
 
     def load_weights(self, named_tensors) -> None:
         """Nothing to do: generation runs on the training model itself."""
@@ -56,10 +70,13 @@ class HFGenerateEngine:
         sampling = {}
         if params.do_sample:
             sampling = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}
+        # transformers fills every field left unset from the model's own generation_config (e.g. a
+        # repetition_penalty shipped with an instruct model). That would sample from a distribution other than
+        # softmax(logits / T), which the log-probs and ratios assume: set the logit processors to neutral.
         return GenerationConfig(
             max_new_tokens=params.max_new_tokens, do_sample=params.do_sample,
             num_return_sequences=params.num_return_sequences, pad_token_id=self.pad_token_id,
-            eos_token_id=self.eos_token_ids, use_cache=True, **sampling,
+            eos_token_id=self.eos_token_ids, use_cache=True, **NEUTRAL_PROCESSORS, **sampling,
         )
 
 
