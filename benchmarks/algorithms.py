@@ -36,7 +36,7 @@ def main():
     parser.add_argument("--algorithms", nargs="+", default=ALGORITHMS)
     args = parser.parse_args()
     rows = [(name, run(name, args.steps, args.seed)) for name in args.algorithms]
-    print(f"\n| algorithm | train reward first -> last | held-out accuracy before -> after | s/step |")
+    print("\n| algorithm | train reward first -> last | held-out accuracy before -> after | s/step |")
     print("|---|---|---|---:|")
     for name, s in rows:
         print(f"| {name} | {s['reward_first']:.3f} -> {s['reward_last']:.3f} | "

@@ -2,7 +2,6 @@
 
 import os
 
-import pytest
 
 from verl_hf.demo import WARM_START_DIR, build_char_tokenizer, build_tiny_llama
 from verl_hf.demo.task import demo_splits, make_addition_dataset

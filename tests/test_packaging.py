@@ -5,7 +5,6 @@ import sys
 import zipfile
 from pathlib import Path
 
-import verl_hf
 
 REPO = Path(__file__).resolve().parents[1]
 

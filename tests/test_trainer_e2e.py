@@ -1,6 +1,5 @@
 """End-to-end: VerlTrainer learns, and the stock Trainer features keep working. Real tiny model, CPU."""
 
-import json
 import os
 
 import pytest

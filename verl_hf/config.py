@@ -177,7 +177,7 @@ def _parse_json_dict(name: str, text: str) -> dict:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as err:
-        raise ValueError(f"{name}={text!r} is not valid JSON ({err}); write it as '{{\"prompt\": \"question\"}}'.")
+        raise ValueError(f"{name}={text!r} is not valid JSON ({err}); write it as '{{\"prompt\": \"question\"}}'.") from err
     if not isinstance(value, dict):
         raise ValueError(f"{name} must be a JSON object such as '{{\"prompt\": \"question\"}}', got {text!r}.")
     return value

@@ -31,7 +31,8 @@ class HFGenerateEngine:
             import warnings
 
             warnings.warn(f"the model's generation_config sets {biased}: sampling will not follow softmax(logits / T) "
-                          f"and the policy-gradient ratios will be off; clear them (model.generation_config.<name> = None).")
+                          f"and the policy-gradient ratios will be off; clear them (model.generation_config.<name> = None).",
+                          stacklevel=2)
 
     def load_weights(self, named_tensors) -> None:
         """Nothing to do: generation runs on the training model itself."""
