@@ -14,7 +14,7 @@ from .base import Rollout, SamplingConfig, left_pad, mask_after_eos
 
 
 NEUTRAL_PROCESSORS = dict(repetition_penalty=1.0, encoder_repetition_penalty=1.0, no_repeat_ngram_size=0,
-                          min_length=0, min_new_tokens=0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)
+                          min_length=0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)
 # Fields that cannot be set to "off" explicitly; a model whose generation_config sets them gets a warning.
 UNNEUTRALISABLE = ("bad_words_ids", "suppress_tokens", "begin_suppress_tokens", "sequence_bias", "forced_bos_token_id",
                    "forced_eos_token_id")
