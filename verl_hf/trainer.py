@@ -282,15 +282,22 @@ class VerlTrainer(Trainer):
 
     def _plan_micro_batches(self, batch: RolloutBatch) -> list[RolloutBatch]:
         """Cut the round into micro-batches, each carrying its optimizer step's loss normalisers, so that the
-        accumulated gradient equals the gradient of the whole step's loss (not a mean of micro-means)."""
+        accumulated gradient equals the gradient of the whole step's loss (not a mean of micro-means).
+
+        Under data parallelism the token count is the step's total over all processes, divided by their
+        number: gradients are averaged across processes, so the result is the global token mean (as verl).
+        """
         args = self.args
         step_rows = args.per_device_train_batch_size * args.gradient_accumulation_steps
         self._round_size = len(batch)
+        steps = batch.split(step_rows)
+        tokens = torch.tensor([float(s.response_mask.sum()) for s in steps], device=args.device)
+        if args.world_size > 1:
+            tokens = self.accelerator.reduce(tokens, reduction="sum") / args.world_size
         micro = []
-        for step_batch in batch.split(step_rows):
-            tokens = float(step_batch.response_mask.sum())
+        for step_batch, step_tokens in zip(steps, tokens.tolist()):
             for mb in step_batch.split(args.per_device_train_batch_size):
-                mb.step_num_tokens, mb.step_num_seqs = max(tokens, 1.0), float(len(step_batch))
+                mb.step_num_tokens, mb.step_num_seqs = max(step_tokens, 1.0), float(len(step_batch))
                 micro.append(mb)
         return micro * args.ppo_epochs
 
