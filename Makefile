@@ -6,6 +6,8 @@ PY := $(VENV)/bin/python
 PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check -q -c constraints.txt
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
+# DeepSpeed JIT-compiles a CPU communication op on first use (~85 s): keep it with the environment.
+export TORCH_EXTENSIONS_DIR := $(CURDIR)/$(VENV)/torch_extensions
 
 .PHONY: demo test install clean
 

@@ -151,6 +151,7 @@ class VerlConfig(TrainingArguments):
         if isinstance(self.policy_loss_kwargs, str):
             self.policy_loss_kwargs = _parse_json_dict("policy_loss_kwargs", self.policy_loss_kwargs)
         self.policy_loss_kwargs = dict(self.policy_loss_kwargs or {})
+        _apply_cpu_deepspeed_fix(self)
         super().__post_init__()
         _check_names(self)
         _check_policy_loss_kwargs(self)
@@ -171,6 +172,28 @@ class VerlConfig(TrainingArguments):
     def micro_steps_per_round(self) -> int:
         """Micro-steps (dataloader batches) one rollout round feeds, all ppo_epochs included."""
         return self.ppo_epochs * self.rollout_generation_batch_size // self.per_device_train_batch_size
+
+
+def _apply_cpu_deepspeed_fix(cfg: "VerlConfig") -> None:
+    """DeepSpeed under several processes on a machine without GPUs: accelerate would give every rank
+    num_processes=1 and the first collective crashes ("ProcessGroupGloo::allgather: invalid output tensor
+    list"). Creating the process state with the gloo backend first, and telling the Trainer to use it, fixes
+    it (measured, ../shared/design/CPU-STACK.md); users need no workaround."""
+    import os
+
+    import torch
+
+    wants_deepspeed = bool(cfg.deepspeed) or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
+    several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if not (wants_deepspeed and several) or torch.cuda.is_available():
+        return
+    os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from accelerate import PartialState
+
+    PartialState(backend="gloo")
+    if cfg.accelerator_config is None or isinstance(cfg.accelerator_config, dict):
+        cfg.accelerator_config = {**(cfg.accelerator_config or {}), "use_configured_state": True}
 
 
 def _parse_json_dict(name: str, text: str) -> dict:

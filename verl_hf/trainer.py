@@ -73,6 +73,7 @@ class VerlTrainer(Trainer):
             **trainer_kwargs,
         )
         self.actor = Actor(self.model, tokenizer, temperature=args.temperature)
+        setup.check_zero3_reference(self, args)
         self.ref_policy = setup.make_reference(ref_policy, self.model, args) if args.kl_coef > 0 else None
         self.critic = setup.make_critic(critic, model, args)
         self.kl_ctrl = setup.make_kl_ctrl(args)

@@ -146,3 +146,14 @@ def make_kl_ctrl(args: VerlConfig):
     kp, ki, kd = args.kl_pid_gains
     return make_kl_controller("pid", init_kl_coef=args.kl_coef, target_kl=args.kl_target, kp=kp, ki=ki, kd=kd)
 
+
+
+def check_zero3_reference(trainer, args: VerlConfig) -> None:
+    """A frozen copy of a ZeRO-3 actor is not a usable reference yet (it needs DeepSpeed's own inference
+    initialisation); say so instead of failing inside the first forward pass."""
+    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
+    if args.kl_coef > 0 and getattr(plugin, "zero_stage", None) == 3 and not hasattr(trainer.model, "disable_adapter"):
+        raise NotImplementedError(
+            "a KL reference policy under DeepSpeed ZeRO-3 is not supported yet; use ZeRO-2, a PEFT actor (its "
+            "reference is the adapter-free base), or kl_coef=0."
+        )

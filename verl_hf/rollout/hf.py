@@ -8,6 +8,8 @@ See it work: tests/test_rollout_hf.py.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from .base import Rollout, SamplingConfig, left_pad, mask_after_eos
@@ -48,10 +50,11 @@ class HFGenerateEngine:
         self.model.eval()
         recorder = _LogprobRecorder(params.temperature if params.do_sample else 1.0) if params.return_logprobs else None
         try:
-            out = self.model.generate(
-                input_ids=ids, attention_mask=mask, generation_config=self._generation_config(params),
-                logits_processor=[recorder] if recorder else None,
-            )
+            with _whole_model(self.model):
+                out = self.model.generate(
+                    input_ids=ids, attention_mask=mask, generation_config=self._generation_config(params),
+                    logits_processor=[recorder] if recorder else None,
+                )
         finally:
             self.model.train(was_training)
         response = out[:, ids.shape[1] :]
@@ -79,6 +82,17 @@ class HFGenerateEngine:
             num_return_sequences=params.num_return_sequences, pad_token_id=self.pad_token_id,
             eos_token_id=self.eos_token_ids, use_cache=True, **NEUTRAL_PROCESSORS, **sampling,
         )
+
+
+def _whole_model(model):
+    """Under DeepSpeed ZeRO-3 gather every parameter once for the whole generate call; otherwise the
+    partitioned layers would be gathered again for every generated token. Elsewhere a no-op."""
+    params = list(model.parameters())
+    if not any(hasattr(p, "ds_id") for p in params):
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(params)
 
 
 class _LogprobRecorder:
