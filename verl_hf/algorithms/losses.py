@@ -119,7 +119,9 @@ def reinforce_loss(
 
     Formula: l_t = -A_t * logp_t, aggregated by ``agg_loss``; ``old_logprobs`` is ignored (may be None).
     """
-    loss = agg_loss(-advantages * logprobs, response_mask, loss_agg_mode,
+    # torch.where, not a product with the mask: padding may hold -inf log-probs, and 0 * inf is NaN.
+    loss_mat = torch.where(response_mask.bool(), -advantages * logprobs, torch.zeros_like(logprobs))
+    loss = agg_loss(loss_mat, response_mask, loss_agg_mode,
                     num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=norm_constant)
     return loss, {}
 

@@ -14,7 +14,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from .losses import LOSS_AGG_MODES, agg_loss
+from .losses import reinforce_loss, LOSS_AGG_MODES, agg_loss
 from .registry import register_policy_loss
 from .utils import masked_mean
 
@@ -212,10 +212,8 @@ def gpg_loss(
     groups) live in its advantage estimator, not here.  ``old_logprobs`` may be None; when given,
     ``ppo_kl`` is reported (verl returns no metrics).
     """
-    loss_mat = -advantages * _where_valid(logprobs, response_mask)
-    loss = agg_loss(loss_mat, response_mask, loss_agg_mode,
-                    num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=norm_constant)
-    metrics = {}
+    loss, metrics = reinforce_loss(old_logprobs, logprobs, advantages, response_mask, loss_agg_mode=loss_agg_mode,
+                                   num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=norm_constant)
     if old_logprobs is not None:
         with torch.no_grad():
             metrics["ppo_kl"] = _ppo_kl(_log_ratio(logprobs, old_logprobs, response_mask), response_mask)
