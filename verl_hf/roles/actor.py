@@ -18,7 +18,7 @@ import torch
 from ..algorithms import entropy_from_logits, logprobs_from_logits
 from ..batch import RolloutBatch
 from ..rollout import HFGenerateEngine, SamplingConfig
-from .base import TrainableRole
+from .base import TrainableRole, score_in_chunks
 
 
 def sequence_logprobs(model, batch: RolloutBatch, temperature: float = 1.0, with_entropy: bool = False,
@@ -122,18 +122,10 @@ class Actor(TrainableRole):
         raise ValueError("generate_sequences needs prompts, prompt_ids= or input_ids=.")
 
     # ---------------------------------------------------------------- scoring
-    @torch.no_grad()
     def get_logprobs(self, sequences: RolloutBatch, micro_batch_size: int | None = None, model=None) -> torch.Tensor:
         """Log-probs (B, Lr) of the responses under the current weights, without gradients, in micro-batches."""
-        model = model or self.model
-        was_training = model.training
-        model.eval()
-        try:
-            parts = [sequence_logprobs(model, mb.to(self.device), self.temperature)[0]
-                     for mb in sequences.split(micro_batch_size or len(sequences))]
-        finally:
-            model.train(was_training)
-        return torch.cat(parts)
+        return score_in_chunks(model or self.model, sequences, micro_batch_size,
+                               lambda m, mb: sequence_logprobs(m, mb, self.temperature)[0])
 
     def compute_logprobs(self, sequences: RolloutBatch, model=None, with_entropy: bool = False,
                          entropy_grad: bool = False):

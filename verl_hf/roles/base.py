@@ -12,6 +12,20 @@ from __future__ import annotations
 import torch
 
 
+@torch.no_grad()
+def score_in_chunks(model, sequences, micro_batch_size, score) -> torch.Tensor:
+    """`score(model, micro_batch)` over micro-batches with the model in eval mode (restored after), without
+    gradients; the parts concatenated along the batch."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        parts = [score(model, mb.to(device)) for mb in sequences.split(micro_batch_size or len(sequences))]
+    finally:
+        model.train(was_training)
+    return torch.cat(parts)
+
+
 class Role:
     auto_class = None  # the transformers Auto class that loads this role's model
     frozen = False

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..batch import RolloutBatch
-from .base import TrainableRole
+from .base import TrainableRole, score_in_chunks
 
 
 def sequence_values(model, batch: RolloutBatch) -> torch.Tensor:
@@ -41,17 +41,9 @@ class Critic(TrainableRole):
     def _load_kwargs(cls, hf_kwargs: dict) -> dict:
         return {"num_labels": 1, **hf_kwargs}
 
-    @torch.no_grad()
     def compute_values(self, sequences: RolloutBatch, micro_batch_size: int | None = None) -> torch.Tensor:
         """Token-level values (B, Lr), zero outside the response mask; no gradients."""
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            parts = [sequence_values(self.model, mb.to(self.device))
-                     for mb in sequences.split(micro_batch_size or len(sequences))]
-        finally:
-            self.model.train(was_training)
-        return torch.cat(parts)
+        return score_in_chunks(self.model, sequences, micro_batch_size, sequence_values)
 
     def forward_values(self, sequences: RolloutBatch, model=None) -> torch.Tensor:
         """Token-level values (B, Lr) with gradients, for the value loss."""

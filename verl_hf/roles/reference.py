@@ -17,7 +17,7 @@ import torch
 from ..algorithms import kl_penalty
 from ..batch import RolloutBatch
 from .actor import sequence_logprobs
-from .base import Role
+from .base import Role, score_in_chunks
 
 
 class ReferencePolicy(Role):
@@ -54,19 +54,13 @@ class ReferencePolicy(Role):
     def _context(self):
         return self.adapter_model.disable_adapter() if self.adapter_model is not None else contextlib.nullcontext()
 
-    @torch.no_grad()
     def get_logprobs(self, sequences: RolloutBatch, micro_batch_size: int | None = None) -> torch.Tensor:
         """Reference log-probs (B, Lr) of the responses; never carries gradients."""
         model = self.model if self.model is not None else self.adapter_model
-        was_training = model.training
-        model.eval()
-        try:
-            with self._context():
-                parts = [sequence_logprobs(model, mb.to(self.device), self.temperature)[0]
-                         for mb in sequences.split(micro_batch_size or len(sequences))]
-        finally:
-            model.train(was_training)
-        return torch.cat(parts).to(sequences.response_ids.device)
+        with self._context():
+            logprobs = score_in_chunks(model, sequences, micro_batch_size,
+                                       lambda m, mb: sequence_logprobs(m, mb, self.temperature)[0])
+        return logprobs.to(sequences.response_ids.device)
 
     def add_logprobs(self, sequences: RolloutBatch, micro_batch_size: int | None = None) -> RolloutBatch:
         sequences.ref_logprobs = self.get_logprobs(sequences, micro_batch_size)
