@@ -240,3 +240,9 @@ def test_resume_in_the_middle_of_a_round_uses_that_rounds_prompts(tmp_path, warm
     used = trainer._round[1]
     prompts = {r["prompt"] for r in rows}
     assert set(used.prompts) <= prompts and len(used) == 16
+
+
+def test_given_reference_model_uses_the_sampling_temperature(tmp_path, warm_start_dir, addition, policy):
+    args = small_config(tmp_path, kl_coef=0.05, temperature=0.7, max_steps=1)
+    trainer = VerlTrainer(model=warm_start_dir, args=args, train_dataset=addition[0], ref_policy=policy)
+    assert trainer.ref_policy.temperature == 0.7 and trainer.ref_policy.model is policy

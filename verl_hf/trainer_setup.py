@@ -28,8 +28,8 @@ def one_of_aliases(name, value, alias, alias_value):
 
 def as_verl_config(args, model) -> VerlConfig:
     if args is None:
-        name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", "model")
-        return VerlConfig(output_dir=f"{str(name).rstrip('/').split('/')[-1]}-verl")
+        name = policy_path(model) or "model"
+        return VerlConfig(output_dir=f"{name.rstrip('/').split('/')[-1]}-verl")
     if isinstance(args, VerlConfig):
         return args
     if isinstance(args, TrainingArguments):
@@ -68,7 +68,7 @@ def as_reward_model(reward_model) -> RewardModel:
 
 def load_tokenizer(tokenizer, model):
     if tokenizer is None:
-        path = model if isinstance(model, str) else getattr(model.config, "_name_or_path", None)
+        path = policy_path(model)
         if not path:
             raise ValueError("pass processing_class=<tokenizer>: the model has no path to load one from.")
         tokenizer = AutoTokenizer.from_pretrained(path)
@@ -99,7 +99,7 @@ def make_reference(ref_policy, actor_model, args) -> ReferencePolicy:
         return ref_policy
     if isinstance(ref_policy, str):
         ref_policy = AutoModelForCausalLM.from_pretrained(ref_policy)
-    return ReferencePolicy(ref_policy.to(args.device), args.temperature)
+    return ReferencePolicy(ref_policy.to(args.device), temperature=args.temperature)
 
 
 def policy_path(model) -> str | None:
