@@ -1,7 +1,11 @@
-"""Real `accelerate launch` runs: two CPU processes with DDP, DeepSpeed ZeRO-2 and ZeRO-3 (gloo)."""
+"""Real `accelerate launch` runs: two CPU processes with DDP, DeepSpeed ZeRO-2, ZeRO-3 and LoRA under ZeRO-3
+(gloo). Every run samples from an HF inference copy fed by the weight sync with `sync_verify`: after each sync
+the engine's weights are compared bitwise with the gathered training weights, and any difference fails the run."""
 
 import json
+import math
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,40 +27,100 @@ with open(os.path.join(config.output_dir, f"rank{os.environ['RANK']}.json"), "w"
 
 # The launcher flags of each mode; the DeepSpeed runs get no workaround from the user (VerlConfig applies the
 # gloo fix on machines without GPUs by itself).
-MODES = {
-    "ddp": ["--multi_gpu"],
-    "zero2": ["--use_deepspeed", "--zero_stage", "2"],
-    "zero3": ["--use_deepspeed", "--zero_stage", "3"],
+ACCELERATE = REPO / "examples" / "accelerate"
+MODES = {  # the ready-made configs users launch with
+    "ddp": ["--config_file", str(ACCELERATE / "ddp.yaml")],
+    "zero2": ["--config_file", str(ACCELERATE / "zero2.yaml")],
+    "zero3": ["--config_file", str(ACCELERATE / "zero3.yaml")],
+    "zero3_lora": ["--config_file", str(ACCELERATE / "zero3.yaml")],
 }
+# Training flags per mode on top of the demo config. ZeRO-3 also carries a KL reference (DeepSpeed inference
+# engine); its KL at the first step, before any update, must be zero.
+EXTRA = {
+    "zero3": ["--kl_coef", "0.01"],
+    "zero3_lora": ["--use_peft", "true", "--lora_r", "8", "--lora_target_modules", "q_proj", "v_proj",
+                   "--learning_rate", "1e-3"],
+}
+MODEL_BYTES = 535_936 * 4  # the demo model's parameters (tied embedding counted once), fp32
+
+
+def _run(tmp_path, launcher: list[str], out: Path, flags: list[str], env_extra: dict | None = None) -> None:
+    script = tmp_path / "run.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **(env_extra or {})}
+    cmd = [sys.executable, *launcher, str(script), str(REPO / "examples/configs/demo.yaml"), "--output_dir", str(out),
+           "--per_device_eval_batch_size", "64", "--logging_steps", "1", *flags]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    noise = ("FutureWarning", "return func(", "RL: ", "Loading weights")
+    errors = "\n".join(line for line in result.stderr.splitlines() if line.strip() and not line.lstrip().startswith(noise)
+                       and not any(n in line for n in noise[:1]))
+    assert result.returncode == 0, f"{' '.join(launcher)} exited {result.returncode}:\n{errors[-4000:]}"
+
+
+def _free_port() -> int:
+    """A port nobody listens on, so that back-to-back launches never race for accelerate's default 29500."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_processes(config: list[str]) -> list[str]:
+    return ["-m", "accelerate.commands.launch", *config, "--num_processes", "2", "--mixed_precision", "no",
+            "--dynamo_backend", "no", "--main_process_port", str(_free_port())]
 
 
 def _launch(tmp_path, mode: str) -> list[dict]:
-    script = tmp_path / "run.py"
-    script.write_text(SCRIPT)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    if mode == "ddp":
-        env["ACCELERATE_USE_CPU"] = "true"
     out = tmp_path / mode
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", *MODES[mode], "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script),
-           str(REPO / "examples/configs/demo.yaml"), "--max_steps", "4", "--eval_steps", "2", "--logging_steps", "2",
-           "--per_device_train_batch_size", "32", "--per_device_eval_batch_size", "64", "--use_cpu", "false",
-           "--output_dir", str(out)]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    flags = ["--max_steps", "4", "--eval_steps", "2", "--per_device_train_batch_size", "32", "--use_cpu", "false",
+             "--rollout_hf_weights", "copy", "--sync_verify", "true", *EXTRA.get(mode, [])]
+    _run(tmp_path, _two_processes(MODES[mode]), out, flags, {"ACCELERATE_USE_CPU": "true"} if mode == "ddp" else {})
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    ranks[0]["log_history"] = json.loads((out / "log_history.json").read_text())
+    return ranks
 
 
-def test_ddp_zero2_zero3_train_and_agree(tmp_path):
-    """Two real processes each for DDP, DeepSpeed ZeRO-2 and ZeRO-3: every run trains, both ranks report the
-    same pooled metrics and full-set evaluation, and the three modes sample the same first round."""
+def test_ddp_zero2_zero3_lora_train_sync_and_agree(tmp_path):
+    """Two real processes each for DDP, ZeRO-2, ZeRO-3 (+ KL reference) and LoRA under ZeRO-3: every run
+    learns, syncs (verified) before every rollout, both ranks report the same pooled metrics and full-set
+    evaluation, and the full-weight modes sample the same first round."""
     runs = {mode: _launch(tmp_path, mode) for mode in MODES}
     for mode, (rank0, rank1) in runs.items():
         assert rank0["steps"] == rank1["steps"] == 4, mode
         for key in ("accuracy_before", "accuracy_after", "reward_first", "reward_last"):
             assert rank0[key] == rank1[key], (mode, key)
         assert rank0["accuracy_before"] == 0.315, mode  # the warm start on the full held-out set
+        train_logs = [h for h in rank0["log_history"] if "reward/mean" in h]
+        assert all(math.isfinite(h["loss"]) and h["grad_norm"] > 0 for h in train_logs), mode
+        assert len(train_logs) == 4 and all(h["sync/gigabytes"] == MODEL_BYTES / 1e9 for h in train_logs), mode
+        assert all(h["sync/peak_extra_mb"] < 64 for h in train_logs), mode
+    kl = [h["kl"] for h in runs["zero3"][0]["log_history"] if "kl" in h]
+    assert kl[0] == pytest.approx(0.0, abs=1e-6) and kl[-1] > 1e-4, kl  # zero before any update, then grows
     ddp = runs["ddp"][0]
     for mode in ("zero2", "zero3"):
         assert runs[mode][0]["reward_first"] == pytest.approx(ddp["reward_first"], abs=1e-6), mode
         assert abs(runs[mode][0]["accuracy_after"] - ddp["accuracy_after"]) <= 0.02, mode
+
+
+def test_one_process_and_two_zero3_processes_take_the_same_first_step(tmp_path):
+    """Invariance: the same 64-completion round on one process, or split over two ZeRO-3 processes (32 each),
+    gives the same first-step loss and the same updated weights. Per-prompt seeds make the samples identical;
+    what remains is float summation order (batch shapes, all-reduce), hence the tolerances."""
+    from safetensors.torch import load_file
+
+    common = ["--max_steps", "1", "--eval_strategy", "no", "--learning_rate", "0.1", "--optim", "sgd",
+              "--rollout_seed_per_prompt", "true"]
+    _run(tmp_path, [], tmp_path / "one", [*common, "--per_device_train_batch_size", "64"], {"RANK": "0"})
+    _run(tmp_path, _two_processes(MODES["zero3"]), tmp_path / "two",
+         [*common, "--per_device_train_batch_size", "32", "--use_cpu", "false"])
+    logs = {run: next(h for h in json.loads((tmp_path / run / "log_history.json").read_text()) if "loss" in h)
+            for run in ("one", "two")}
+    assert logs["two"]["reward/mean"] == pytest.approx(logs["one"]["reward/mean"], abs=1e-6)  # identical samples
+    assert logs["two"]["response_length/mean"] == pytest.approx(logs["one"]["response_length/mean"], abs=1e-6)
+    assert logs["two"]["loss"] == pytest.approx(logs["one"]["loss"], abs=1e-6)
+    one, two = (load_file(str(tmp_path / run / "model.safetensors")) for run in ("one", "two"))
+    start = load_file(str(REPO / "verl_hf/demo/warm_start/model.safetensors"))
+    assert one.keys() == two.keys()
+    for name in one:
+        moved = (one[name] - start[name]).abs().max().item()
+        assert (one[name] - two[name]).abs().max().item() <= 1e-6 + 1e-4 * moved, name
+        assert moved > 0, name

@@ -27,6 +27,8 @@ from .algorithms import ADVANTAGE_ESTIMATORS, KL_CONTROLLERS, KL_KINDS, LOSS_AGG
 logger = logging.getLogger(__name__)
 
 ROLLOUT_ENGINES = ("hf",)
+HF_ENGINE_WEIGHTS = ("auto", "shared", "copy")
+ROLLOUT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Estimators whose baseline comes from the other samples of the same prompt.
 GROUP_ESTIMATORS = ("grpo", "rloo", "grpo_passk", "opo", "gpg", "reinforce_plus_plus_baseline")
 
@@ -66,6 +68,38 @@ class VerlConfig(TrainingArguments):
     temperature: float = field(default=1.0, metadata=_help("Sampling temperature; log-probs use the same one."))
     top_p: float = field(default=1.0, metadata=_help("Nucleus sampling threshold in (0, 1]; 1 disables it."))
     top_k: int = field(default=0, metadata=_help("Sample among the k most likely tokens; 0 disables it."))
+
+    rollout_hf_weights: str = field(
+        default="auto",
+        metadata=_help(
+            "Weights the HF engine samples from: 'shared' = the training model itself (under ZeRO-3 gathered once "
+            "per generate call); 'copy' = a plain inference copy that the weight sync fills after each update "
+            "(costs one model's memory per process; LoRA merged); 'auto' = copy under ZeRO-3 and for PEFT "
+            "models, shared otherwise (measured: benchmarks/sync.py, README)."
+        ),
+    )
+    rollout_seed_per_prompt: bool = field(
+        default=False,
+        metadata=_help("Seed each prompt's samples by (seed, step, the prompt's place in the global round): results "
+                       "then do not depend on batch composition or the number of processes (HF engine: Gumbel-max "
+                       "sampling, a little slower)."),
+    )
+    rollout_dtype: str = field(
+        default="auto",
+        metadata=_help(f"dtype of the engine's weights {ROLLOUT_DTYPES}; 'auto' = the training weights' dtype."),
+    )
+
+    # ----- weight sync (training weights -> rollout engine) -----
+    sync_bucket_mb: float = field(
+        default=256.0,
+        metadata=_help("Bucket size of the weight sync: at most this much is gathered from ZeRO-3 shards at once "
+                       "(raised with a warning to the largest single weight)."),
+    )
+    sync_verify: bool = field(
+        default=False,
+        metadata=_help("After every sync compare the engine's weights with the gathered training weights, "
+                       "bitwise, and fail on any difference (costs a second gather)."),
+    )
 
     # ----- rewards -----
     reward_funcs: list[str] | None = field(
@@ -218,6 +252,8 @@ def _check_names(cfg: VerlConfig) -> None:
     _one_of("kl_kind", cfg.kl_kind.rstrip("+"), KL_KINDS)
     _one_of("rollout_engine", cfg.rollout_engine, ROLLOUT_ENGINES)
     _one_of("kl_controller", cfg.kl_controller, KL_CONTROLLERS)
+    _one_of("rollout_hf_weights", cfg.rollout_hf_weights, HF_ENGINE_WEIGHTS)
+    _one_of("rollout_dtype", cfg.rollout_dtype, ROLLOUT_DTYPES)
 
 
 def _check_ranges(cfg: VerlConfig) -> None:
@@ -246,6 +282,7 @@ def _check_ranges(cfg: VerlConfig) -> None:
         ("overlong_buffer_len", 0 <= cfg.overlong_buffer_len < cfg.max_response_length,
          "must be in [0, max_response_length)"),
         ("dynamic_sampling_max_rounds", cfg.dynamic_sampling_max_rounds >= 0, "must be >= 0"),
+        ("sync_bucket_mb", cfg.sync_bucket_mb > 0, "must be > 0"),
     ]
     for name, ok, fix in checks:
         if not ok:

@@ -27,6 +27,24 @@ class ScriptArguments:
     dataset_config: str | None = field(default=None, metadata={"help": "The dataset's config name."})
     dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
     dataset_test_split: str | None = field(default="test", metadata={"help": "Split to evaluate on; None: none."})
+    use_peft: bool = field(default=False, metadata={"help": "Train a LoRA adapter (peft) instead of all weights."})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha (the update is scaled by alpha / r)."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout."})
+    lora_target_modules: list[str] | None = field(
+        default=None, metadata={"help": "Module names to adapt, e.g. q_proj v_proj; default: peft's choice for "
+                                        "the architecture, or 'all-linear'."}
+    )
+
+
+def peft_config_of(script: ScriptArguments):
+    """A peft LoraConfig when `use_peft`, else None."""
+    if not script.use_peft:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(r=script.lora_r, lora_alpha=script.lora_alpha, lora_dropout=script.lora_dropout,
+                      target_modules=script.lora_target_modules, task_type="CAUSAL_LM")
 
 
 def load_policy_path(name: str) -> str:
@@ -70,7 +88,7 @@ def run_training(script: ScriptArguments, config) -> dict:
     started = time.time()
     train, test = load_splits(script)
     trainer = VerlTrainer(model=load_policy_path(script.model_name_or_path), args=config, train_dataset=train,
-                          eval_dataset=test, callbacks=[RLProgressCallback()])
+                          eval_dataset=test, callbacks=[RLProgressCallback()], peft_config=peft_config_of(script))
     for noisy in (PrinterCallback, ProgressCallback):  # the table replaces the raw dict prints
         trainer.remove_callback(noisy)
     before = trainer.evaluate() if test is not None else {}
@@ -85,6 +103,7 @@ def run_training(script: ScriptArguments, config) -> dict:
     if trainer.is_world_process_zero():
         plot_curve(trainer.state.log_history, os.path.join(config.output_dir, "curve.png"))
         Path(config.output_dir, "summary.json").write_text(json.dumps(summary, indent=2))
+        Path(config.output_dir, "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
     return summary
 
 

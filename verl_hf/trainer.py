@@ -72,9 +72,10 @@ class VerlTrainer(Trainer):
             eval_dataset=eval_dataset, processing_class=tokenizer, callbacks=callbacks, optimizers=optimizers,
             **trainer_kwargs,
         )
-        self.actor = Actor(self.model, tokenizer, temperature=args.temperature)
-        setup.check_zero3_reference(self, args)
-        self.ref_policy = setup.make_reference(ref_policy, self.model, args) if args.kl_coef > 0 else None
+        self.actor = Actor(self.model, tokenizer, engine=setup.make_engine(self, args), temperature=args.temperature,
+                           weight_sync=setup.make_weight_sync(args))
+        self._synced_step: int | None = None
+        self.ref_policy = setup.make_reference(self, ref_policy, args) if args.kl_coef > 0 else None
         self.critic = setup.make_critic(critic, model, args)
         self.kl_ctrl = setup.make_kl_ctrl(args)
         self.advantage_fn = get_advantage_estimator(args.adv_estimator)
@@ -84,6 +85,7 @@ class VerlTrainer(Trainer):
         self._metrics: dict[str, list[float]] = defaultdict(list)
         self._last_phase_seconds = 0.0
         self._refill_order: list[int] = []
+        self._rollout_calls: dict[int, int] = {}
 
     # ------------------------------------------------------------------ the RL step
     def train(self, *args, **kwargs):
@@ -95,6 +97,7 @@ class VerlTrainer(Trainer):
         self._sync_round_position()
         if self._micro_step % self.args.micro_steps_per_round == 0 or not self._round:
             self._flush_kl_measurement()                        # 0. KL control from the last round's updates
+            self._sync_engine_weights()                         # 0b. current weights into the rollout engine
             batch = self._score(self._rollout(inputs))          # 1-2. sample responses, score them
             batch = self._keep_informative_groups(batch)        # 2b. DAPO dynamic sampling (when enabled)
             batch = self._add_greedy_baselines(batch)           # 2c. ReMax baselines (when adv_estimator="remax")
@@ -115,10 +118,21 @@ class VerlTrainer(Trainer):
             self._micro_step, self._round = steps % self.args.micro_steps_per_round, []
             self._position_synced = True
 
+    def _sync_engine_weights(self) -> None:
+        """Once per optimizer step at most, and only for an engine with its own weights (verl_hf.sync)."""
+        if self.actor.weight_sync is None or self._synced_step == self.state.global_step:
+            return
+        self.actor.mark_weights_changed()
+        with self._timer("sync"):
+            metrics = self.actor.sync_weights()
+        self._record(metrics)
+        self._synced_step = self.state.global_step
+
     def _rollout(self, rows: list[dict], train: bool = True) -> RolloutBatch:
         with self._timer("rollout"):
             batch = self.actor.generate_sequences(
-                prompt_ids=[r["prompt_ids"] for r in rows], rows=rows, **self._sampling(train))
+                prompt_ids=[r["prompt_ids"] for r in rows], rows=rows, row_seeds=self._row_seeds(len(rows), train),
+                **self._sampling(train))
         lengths = batch.response_mask.sum(dim=1).float()
         self._record({
             "response_length/mean": lengths.mean().item(), "response_length/max": lengths.max().item(),
@@ -126,6 +140,16 @@ class VerlTrainer(Trainer):
             "rollout/tokens_per_s": lengths.sum().item() / max(self._last_phase_seconds, 1e-9),
         })
         return batch
+
+    def _row_seeds(self, count: int, train: bool) -> list[int] | None:
+        """With `rollout_seed_per_prompt`: a seed per prompt from (seed, step, call of the step, the prompt's
+        place in the global round), the same whatever the number of processes."""
+        if not (train and self.args.rollout_seed_per_prompt):
+            return None
+        calls = self._rollout_calls.get(self.state.global_step, 0)
+        self._rollout_calls = {self.state.global_step: calls + 1}
+        first = self.args.process_index * count
+        return [hash((self.args.seed, self.state.global_step, calls, first + i)) for i in range(count)]
 
     def _sampling(self, train: bool) -> dict:
         """Sampling arguments of `Actor.generate_sequences` for training rollouts or evaluation."""
@@ -450,6 +474,7 @@ class VerlTrainer(Trainer):
         """Each process scores every world_size-th prompt; shards are padded to the same number of generate
         calls (ZeRO-3 and NCCL collectives need every rank in step) and the padding is dropped again."""
         args = self.args
+        self._sync_engine_weights()
         indices = list(range(args.process_index, len(dataset), args.world_size))
         per_rank = -(-len(dataset) // args.world_size)
         real = len(indices)

@@ -92,7 +92,10 @@ def load_policy(model, peft_config):
     return model
 
 
-def make_reference(ref_policy, actor_model, args) -> ReferencePolicy:
+def make_reference(trainer, ref_policy, args) -> ReferencePolicy:
+    actor_model = trainer.model
+    if zero_stage(trainer) == 3 and not hasattr(actor_model, "disable_adapter") and not isinstance(ref_policy, ReferencePolicy):
+        return zero3_reference(trainer, ref_policy, args)
     if ref_policy is None:
         return ReferencePolicy.from_actor(actor_model, args.temperature)
     if isinstance(ref_policy, ReferencePolicy):
@@ -134,6 +137,36 @@ def make_critic(critic, policy, args: VerlConfig) -> Critic | None:
     return role
 
 
+def zero_stage(trainer) -> int | None:
+    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
+    return getattr(plugin, "zero_stage", None)
+
+
+def make_engine(trainer, args: VerlConfig):
+    """The HF rollout engine in the form `rollout_hf_weights` asks for ('auto': see VerlConfig)."""
+    from .roles.actor import eos_token_ids
+    from .rollout import HFGenerateEngine
+
+    model, tokenizer = trainer.model, trainer.processing_class
+    form = args.rollout_hf_weights
+    if form == "auto":
+        form = "copy" if zero_stage(trainer) == 3 or hasattr(model, "peft_config") else "shared"
+    eos = eos_token_ids(model, tokenizer)
+    if form == "shared":
+        if args.rollout_dtype != "auto":
+            raise ValueError(f"rollout_dtype={args.rollout_dtype!r} needs an engine with its own weights; set "
+                             f"rollout_hf_weights='copy' (or leave rollout_dtype='auto').")
+        return HFGenerateEngine(model, tokenizer.pad_token_id, eos)
+    dtype = None if args.rollout_dtype == "auto" else getattr(torch, args.rollout_dtype)
+    return HFGenerateEngine.inference_copy(model, tokenizer.pad_token_id, eos, dtype=dtype, device=args.device)
+
+
+def make_weight_sync(args: VerlConfig):
+    from .sync import WeightSync
+
+    return WeightSync.from_config(args)
+
+
 def make_kl_ctrl(args: VerlConfig):
     """The KL coefficient controller that VerlConfig names (its value starts at kl_coef)."""
     from .algorithms import make_kl_controller
@@ -148,12 +181,34 @@ def make_kl_ctrl(args: VerlConfig):
 
 
 
-def check_zero3_reference(trainer, args: VerlConfig) -> None:
-    """A frozen copy of a ZeRO-3 actor is not a usable reference yet (it needs DeepSpeed's own inference
-    initialisation); say so instead of failing inside the first forward pass."""
-    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
-    if args.kl_coef > 0 and getattr(plugin, "zero_stage", None) == 3 and not hasattr(trainer.model, "disable_adapter"):
-        raise NotImplementedError(
-            "a KL reference policy under DeepSpeed ZeRO-3 is not supported yet; use ZeRO-2, a PEFT actor (its "
-            "reference is the adapter-free base), or kl_coef=0."
-        )
+def zero3_reference(trainer, ref_policy, args: VerlConfig) -> ReferencePolicy:
+    """The KL reference under ZeRO-3: the starting policy loaded again (partitioned as it loads) and wrapped in
+    a DeepSpeed inference engine with the run's ZeRO-3 settings, so it is sharded like the actor."""
+    import copy
+
+    import deepspeed
+
+    path = ref_policy if isinstance(ref_policy, str) else None
+    if ref_policy is None:
+        path = policy_path(trainer.model)
+    if path is not None:
+        model = AutoModelForCausalLM.from_pretrained(path)
+    elif any(hasattr(p, "ds_id") for p in ref_policy.parameters()):
+        model = ref_policy
+    else:
+        raise ValueError("under ZeRO-3 the KL reference is loaded from a path: pass ref_policy='<id or path>' "
+                         "(the policy has no path to reload its starting weights from).")
+    config = copy.deepcopy(trainer.accelerator.state.deepspeed_plugin.deepspeed_config)
+    config.pop("optimizer", None)
+    config.pop("scheduler", None)
+    hidden = getattr(model.config, "hidden_size", None) or 1024
+    zero = config.setdefault("zero_optimization", {})
+    for key, value in (("reduce_bucket_size", hidden * hidden), ("stage3_prefetch_bucket_size", int(0.9 * hidden * hidden)),
+                       ("stage3_param_persistence_threshold", 10 * hidden)):
+        if zero.get(key) == "auto":
+            zero[key] = value
+    engine, *_ = deepspeed.initialize(model=model, config=config)
+    engine.eval()
+    role = ReferencePolicy(engine.module, temperature=args.temperature)
+    role.engine = engine  # keeps DeepSpeed's hooks and buffers alive
+    return role

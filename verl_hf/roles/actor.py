@@ -18,6 +18,7 @@ import torch
 from ..algorithms import entropy_from_logits, logprobs_from_logits
 from ..batch import RolloutBatch
 from ..rollout import HFGenerateEngine, SamplingConfig
+from ..sync.gather import is_zero3
 from .base import TrainableRole, score_in_chunks
 
 
@@ -53,7 +54,8 @@ def disable_dropout(model) -> None:
             module.p = 0.0
 
 
-def _eos_ids(model, tokenizer) -> list[int]:
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every token that ends a response: the tokenizer's EOS and the model's generation_config EOS ids."""
     ids = {tokenizer.eos_token_id}
     config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     ids.update(config_eos if isinstance(config_eos, list) else [config_eos])
@@ -64,27 +66,42 @@ class Actor(TrainableRole):
     from transformers import AutoModelForCausalLM as auto_class
 
     def __init__(self, model, tokenizer=None, engine=None, temperature: float = 1.0, learning_rate: float = 1e-5,
-                 max_grad_norm: float | None = 1.0):
+                 max_grad_norm: float | None = 1.0, weight_sync=None):
+        """`engine`: the rollout engine (default: HF generate on `model` itself). An engine with its own
+        weights (`engine.receives_weights`) is refreshed by `weight_sync` (default `WeightSync()`) before the
+        first generation and after every `step()`."""
         super().__init__(model, tokenizer, learning_rate=learning_rate, max_grad_norm=max_grad_norm)
         if tokenizer is None:
             raise ValueError("Actor needs a tokenizer: Actor(model, tokenizer=...) or Actor.from_pretrained(path).")
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         self.temperature = temperature
-        self.engine = engine or HFGenerateEngine(model, tokenizer.pad_token_id, _eos_ids(model, tokenizer))
+        self.engine = engine or HFGenerateEngine(model, tokenizer.pad_token_id, eos_token_ids(model, tokenizer))
+        self.weight_sync = None
+        if getattr(self.engine, "receives_weights", False):
+            from ..sync import WeightSync
+
+            self.weight_sync = weight_sync or WeightSync()
+        elif getattr(self.engine, "model", None) is not model and is_zero3(model):
+            raise ValueError(f"the rollout engine {type(self.engine).__name__} cannot receive weights, and the policy "
+                             f"is sharded by DeepSpeed ZeRO-3: it would sample from stale weights. Use an engine "
+                             f"with load_weights (receives_weights=True) or HFGenerateEngine on the policy itself.")
+        self._engine_stale = self.weight_sync is not None
         disable_dropout(model)
 
     # ---------------------------------------------------------------- sampling
     def generate_sequences(self, prompts=None, *, prompt_ids=None, input_ids=None, attention_mask=None,
                            max_new_tokens: int | None = None, num_return_sequences: int = 1, temperature: float | None = None,
                            top_k: int = 0, top_p: float = 1.0, do_sample: bool = True, seed: int | None = None,
-                           return_logprobs: bool = True, rows: list[dict] | None = None) -> RolloutBatch:
+                           return_logprobs: bool = True, rows: list[dict] | None = None,
+                           row_seeds: list[int] | None = None) -> RolloutBatch:
         """Sample `num_return_sequences` responses per prompt (rows of one prompt are adjacent).
 
         Prompts come as one of: a batch from `RLHFDataset.dataloader` (its dataset rows travel along for the
         reward functions), a list of strings, `prompt_ids` (lists of token ids), or padded `input_ids` with
         `attention_mask`. Sampling uses the actor's temperature unless `temperature` is given. `max_new_tokens`
-        defaults to the batch's `max_response_length` (RLHFDataset), else 128.
+        defaults to the batch's `max_response_length` (RLHFDataset), else 128. `row_seeds` (one per prompt)
+        make each prompt's samples independent of the rest of the batch.
         """
         ids, rows = self._prompt_ids(prompts, prompt_ids, input_ids, attention_mask, rows)
         if max_new_tokens is None:
@@ -92,8 +109,10 @@ class Actor(TrainableRole):
         params = SamplingConfig(
             max_new_tokens=max_new_tokens, num_return_sequences=num_return_sequences, do_sample=do_sample,
             temperature=self.temperature if temperature is None else temperature, top_p=top_p, top_k=top_k,
-            seed=seed, return_logprobs=return_logprobs,
+            seed=seed, return_logprobs=return_logprobs, row_seeds=tuple(row_seeds) if row_seeds is not None else None,
         )
+        if self._engine_stale:
+            self.sync_weights()
         out = self.engine.generate(ids, params)
         n = num_return_sequences
         rows = rows or [{} for _ in ids]
@@ -106,6 +125,23 @@ class Actor(TrainableRole):
             completions=self.tokenizer.batch_decode(out.response_ids, skip_special_tokens=True),
             columns={k: [row[k] for row in rows for _ in range(n)] for k in rows[0] if k not in skip},
         )
+
+    def sync_weights(self) -> dict[str, float]:
+        """Push the current weights into an engine that keeps its own copy; returns the sync metrics."""
+        if self.weight_sync is None:
+            return {}
+        metrics = self.weight_sync.sync(self.model, self.engine)
+        self._engine_stale = False
+        return metrics
+
+    def mark_weights_changed(self) -> None:
+        """The weights were updated outside `step()` (e.g. by the Trainer's optimizer): sync before sampling."""
+        self._engine_stale = self.weight_sync is not None
+
+    def step(self) -> float | None:
+        norm = super().step()
+        self.mark_weights_changed()
+        return norm
 
     def _prompt_ids(self, prompts, prompt_ids, input_ids, attention_mask, rows):
         if isinstance(prompts, dict):  # a batch from RLHFDataset.dataloader

@@ -25,6 +25,9 @@ class SamplingConfig:
     top_k: int = 0
     seed: int | None = None
     return_logprobs: bool = False  # sampling log-probs of the chosen tokens (temperature applied)
+    # One seed per prompt: its samples then depend on (seed, sample index) only, not on the rest of the batch
+    # or the number of processes (vLLM: SamplingParams.seed per request).
+    row_seeds: tuple[int, ...] | None = None
 
 
 @dataclass

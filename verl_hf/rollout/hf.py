@@ -1,6 +1,11 @@
-"""Rollouts with `model.generate` from transformers: the engine that needs nothing beyond the training model.
+"""Rollouts with `model.generate` from transformers, in one of two forms:
 
-It samples from the training model's own weights, so `load_weights` has nothing to copy.
+- shared (`HFGenerateEngine(training_model, ...)`): samples from the training model's own weights; nothing to
+  sync. Under ZeRO-3 the whole model is gathered once per `generate` call.
+- inference copy (`HFGenerateEngine.inference_copy(training_model, ...)`): a plain model of the same
+  architecture that the weight sync (verl_hf.sync) fills after each update. It generates without any ZeRO-3
+  hooks or PEFT adapters (LoRA arrives merged), and in its own dtype.
+
 Prompts are left-padded so that every response starts at the same column.
 
 See it work: tests/test_rollout_hf.py.
@@ -9,6 +14,7 @@ See it work: tests/test_rollout_hf.py.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import torch
 
@@ -23,8 +29,8 @@ UNNEUTRALISABLE = ("bad_words_ids", "suppress_tokens", "begin_suppress_tokens", 
 
 
 class HFGenerateEngine:
-    def __init__(self, model, pad_token_id: int, eos_token_ids: list[int]):
-        self.model = model
+    def __init__(self, model, pad_token_id: int, eos_token_ids: list[int], receives_weights: bool = False):
+        self.model, self.receives_weights = model, receives_weights
         self.pad_token_id = pad_token_id
         self.eos_token_ids = list(eos_token_ids)
         config = getattr(model, "generation_config", None)
@@ -36,8 +42,53 @@ class HFGenerateEngine:
                           f"and the policy-gradient ratios will be off; clear them (model.generation_config.<name> = None).",
                           stacklevel=2)
 
+    @classmethod
+    def inference_copy(cls, training_model, pad_token_id: int, eos_token_ids: list[int], dtype=None, device=None):
+        """An engine with its own plain copy of `training_model`'s architecture (PEFT and DeepSpeed wrappers
+        ignored), in `dtype` (default: the training weights' dtype). Its weights are random until the first sync."""
+        base = training_model.get_base_model() if hasattr(training_model, "get_base_model") else training_model
+        first = next(base.parameters())
+        dtype = dtype or first.dtype
+        from transformers.initialization import no_init_weights
+
+        # The class constructor, not from_config: under an active ZeRO-3 config transformers would partition it.
+        # No random init (the sync overwrites every weight) and no draw from the global RNG, so a run samples
+        # the same with or without a copy.
+        with no_init_weights(), torch.random.fork_rng(devices=[]):
+            model = type(base)(base.config)
+        model.tie_weights()  # init_weights, which ties them, was skipped
+        model.to(device=device or first.device, dtype=dtype)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.zero_()  # touch the memory now: later syncs must not be charged for first-touch page faults
+        model.generation_config = base.generation_config
+        model.eval().requires_grad_(False)
+        return cls(model, pad_token_id, eos_token_ids, receives_weights=True)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def weight_names(self) -> list[str]:
+        return [name for name, _ in self.model.named_parameters()]
+
+    @torch.no_grad()
     def load_weights(self, named_tensors) -> None:
-        """Nothing to do: generation runs on the training model itself."""
+        """Copy (name, tensor) pairs into the inference copy; the shared form has nothing to copy."""
+        if not self.receives_weights:
+            return
+        params = dict(self.model.named_parameters())
+        for name, tensor in named_tensors:
+            if name not in params:
+                raise KeyError(f"the HF engine has no weight {name!r}; its names look like {list(params)[:3]}.")
+            if params[name].shape != tensor.shape:
+                raise ValueError(f"the HF engine's {name!r} has shape {tuple(params[name].shape)}, the training "
+                                 f"weight {tuple(tensor.shape)}: the engine is another architecture or size.")
+            params[name].copy_(tensor)
+
+    def get_weights(self, names: list[str]) -> dict[str, torch.Tensor]:
+        params = dict(self.model.named_parameters())
+        return {name: params[name].detach() for name in names}
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], params: SamplingConfig) -> Rollout:
@@ -46,22 +97,30 @@ class HFGenerateEngine:
         ids, mask = ids.to(device), mask.to(device)
         if params.seed is not None:
             torch.manual_seed(params.seed)
+        n = params.num_return_sequences
+        recorder = _LogprobRecorder(params.temperature if params.do_sample else 1.0) if params.return_logprobs else None
+        processors = [recorder] if recorder else []
+        config = self._generation_config(params)
+        if params.row_seeds is not None and params.do_sample:
+            # Exact sampling as argmax(log-probs + Gumbel noise) from one generator per row, so that a row's
+            # samples do not depend on the other rows; generate itself then decodes greedily.
+            seeds = [hash((seed, j)) & (2**63 - 1) for seed in params.row_seeds for j in range(n)]
+            processors.append(_SeededSampler(seeds, params.temperature, params.top_k, params.top_p, device))
+            config = self._generation_config(dataclasses.replace(params, do_sample=False, num_return_sequences=1))
+            ids, mask = ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0)
+            n = 1
         was_training = self.model.training
         self.model.eval()
-        recorder = _LogprobRecorder(params.temperature if params.do_sample else 1.0) if params.return_logprobs else None
         try:
             with _whole_model(self.model):
-                out = self.model.generate(
-                    input_ids=ids, attention_mask=mask, generation_config=self._generation_config(params),
-                    logits_processor=[recorder] if recorder else None,
-                )
+                out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                                          logits_processor=processors or None)
         finally:
             self.model.train(was_training)
         response = out[:, ids.shape[1] :]
         if response.shape[1] == 0:  # every prompt ended at once; keep one (masked) column
             response = torch.full((out.shape[0], 1), self.pad_token_id, dtype=torch.long, device=device)
         response, response_mask, truncated = mask_after_eos(response, self.eos_token_ids, self.pad_token_id)
-        n = params.num_return_sequences
         logprobs = recorder.finish(out[:, -1:], response.shape[1]) * response_mask if recorder else None
         return Rollout(
             prompt_ids=ids.repeat_interleave(n, dim=0), prompt_mask=mask.repeat_interleave(n, dim=0),
@@ -93,6 +152,28 @@ def _whole_model(model):
     import deepspeed
 
     return deepspeed.zero.GatheredParameters(params)
+
+
+class _SeededSampler:
+    """Turns greedy decoding into sampling from softmax(filtered logits / T), one torch.Generator per row:
+    argmax(log p + Gumbel noise) is an exact sample (the Gumbel-max trick). top-k/top-p use transformers' own
+    warpers."""
+
+    def __init__(self, seeds: list[int], temperature: float, top_k: int, top_p: float, device):
+        from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+        self.generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
+        self.temperature = temperature
+        self.warpers = ([TopKLogitsWarper(top_k)] if top_k else []) + ([TopPLogitsWarper(top_p)] if top_p < 1 else [])
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        logits = scores.float() / self.temperature
+        for warper in self.warpers:
+            logits = warper(input_ids, logits)
+        vocab = logits.shape[-1]
+        uniform = torch.stack([torch.rand(vocab, generator=g, device=logits.device) for g in self.generators])
+        gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-20)))
+        return torch.log_softmax(logits, dim=-1) + gumbel
 
 
 class _LogprobRecorder:

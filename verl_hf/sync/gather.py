@@ -1,0 +1,134 @@
+"""Layer 2 of the weight sync: full tensors from (possibly ZeRO-3-sharded) training weights, bucket by bucket.
+
+Parameters are walked module by module in the model's order (layer order for HF models). Modules are packed
+into buckets of at most `bucket_bytes`, measured with `ds_numel` (the full size of a ZeRO-3 partition), and
+each bucket is gathered with one `deepspeed.zero.GatheredParameters` call: the extra memory is one bucket,
+never the whole model. A PEFT LoRA module is one unit: its base weight plus `get_delta_weight` of each active
+adapter (PEFT's own merge math), so no full merged model is ever built.
+
+See it work: tests/test_sync.py, tests/test_distributed.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+from .names import engine_name
+
+
+@dataclass
+class Unit:
+    """One module whose weights travel together: `name` (training module name), its own parameters."""
+
+    name: str
+    module: torch.nn.Module
+    params: list[tuple[str, torch.nn.Parameter]] = field(default_factory=list)
+    lora: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return sum(full_numel(p) * p.element_size() for _, p in self.params)
+
+
+def full_numel(p: torch.Tensor) -> int:
+    """Elements of the whole tensor, also for a ZeRO-3 partition (whose own numel() is 0)."""
+    return getattr(p, "ds_numel", p.numel())
+
+
+def is_zero3(model: torch.nn.Module) -> bool:
+    return any(hasattr(p, "ds_id") for p in model.parameters())
+
+
+def _is_lora(module) -> bool:
+    return hasattr(module, "get_delta_weight") and hasattr(module, "lora_A") and hasattr(module, "base_layer")
+
+
+def weight_units(model: torch.nn.Module) -> list[Unit]:
+    """The model's modules with weights, in order; tied parameters appear once (first owner)."""
+    units, seen, skip = [], set(), ()
+    for name, module in model.named_modules():
+        if skip and name.startswith(skip):
+            continue
+        if _is_lora(module):
+            units.append(Unit(name, module, [(n, p) for n, p in module.named_parameters() if id(p) not in seen], True))
+            skip = tuple(s for s in (*skip, name + ".") if s)
+        elif hasattr(module, "modules_to_save") and hasattr(module, "original_module"):
+            # PEFT trains a full copy of this module; the active copy is what the engine must receive.
+            active = module.modules_to_save[module.active_adapters[0]] if not module.disable_adapters else module.original_module
+            units.append(Unit(name, active, [(n, p) for n, p in active.named_parameters() if id(p) not in seen]))
+            skip = tuple(s for s in (*skip, name + ".") if s)
+        else:
+            units.append(Unit(name, module, [(n, p) for n, p in module.named_parameters(recurse=False)
+                                             if id(p) not in seen]))
+        seen.update(id(p) for _, p in units[-1].params)
+    return [u for u in units if u.params]
+
+
+def plan_buckets(units: list[Unit], bucket_bytes: int) -> tuple[list[list[Unit]], int]:
+    """(buckets of whole units, the bucket size used). A unit larger than the bucket raises the bucket to its
+    size with a warning (a unit cannot be split: LoRA merges need the whole module)."""
+    largest = max((u.nbytes for u in units), default=0)
+    if largest > bucket_bytes:
+        warnings.warn(f"sync_bucket_mb={bucket_bytes / 2**20:.1f} is smaller than the largest weight "
+                      f"({largest / 2**20:.1f} MB); using {largest / 2**20:.1f} MB buckets.", stacklevel=2)
+        bucket_bytes = largest
+    buckets, current, size = [], [], 0
+    for unit in units:
+        if current and size + unit.nbytes > bucket_bytes:
+            buckets.append(current)
+            current, size = [], 0
+        current.append(unit)
+        size += unit.nbytes
+    if current:
+        buckets.append(current)
+    return buckets, bucket_bytes
+
+
+@contextlib.contextmanager
+def gathered(units: list[Unit]):
+    """Full tensors for the bucket's parameters while inside (ZeRO-3: one all-gather, released on exit)."""
+    params = [p for u in units for _, p in u.params]
+    if not any(hasattr(p, "ds_id") for p in params):
+        yield
+        return
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+        yield
+
+
+def unit_tensors(unit: Unit) -> list[tuple[str, torch.Tensor]]:
+    """(engine name, full tensor) of a gathered unit; a LoRA module yields its merged weight and bias."""
+    if not unit.lora:
+        return [(engine_name(f"{unit.name}.{n}" if unit.name else n), p.detach()) for n, p in unit.params]
+    module, base = unit.module, unit.module.get_base_layer()
+    weight = base.weight.detach()
+    if not module.disable_adapters and not module.merged:
+        for adapter in module.active_adapters:
+            if adapter not in module.lora_A.keys():
+                continue
+            if module.use_dora.get(adapter) or getattr(module, "lora_bias", {}).get(adapter):
+                raise NotImplementedError(f"{unit.name}: syncing DoRA / lora_bias adapters is not supported; "
+                                          f"use plain LoRA or merge the adapter first.")
+            weight = weight + module.get_delta_weight(adapter).to(weight.dtype)
+    out = [(engine_name(f"{unit.name}.weight"), weight)]
+    if getattr(base, "bias", None) is not None:
+        out.append((engine_name(f"{unit.name}.bias"), base.bias.detach()))
+    return out
+
+
+def engine_names(units: list[Unit]) -> list[str]:
+    """The names a sync of these units pushes, computed without gathering anything."""
+    names = []
+    for unit in units:
+        if unit.lora:
+            base = unit.module.get_base_layer()
+            names += [engine_name(f"{unit.name}.weight")]
+            names += [engine_name(f"{unit.name}.bias")] if getattr(base, "bias", None) is not None else []
+        else:
+            names += [engine_name(f"{unit.name}.{n}" if unit.name else n) for n, _ in unit.params]
+    return names
