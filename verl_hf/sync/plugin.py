@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from .gather import engine_names, gathered, plan_buckets, unit_tensors, weight_units
+from .gather import bucket_tensors, engine_names, gathered, plan_buckets, unit_tensors, weight_units
 from .memory import PeakMemory
 from .names import check_names
 from .push import mismatched_weights, push_bucket
@@ -42,11 +42,9 @@ class WeightSync:
         started, pushed = time.perf_counter(), 0
         with PeakMemory(device) as peak:
             for bucket in buckets:
-                with gathered(bucket):
-                    tensors = [pair for unit in bucket for pair in unit_tensors(unit)]
+                with bucket_tensors(bucket, device) as tensors:
                     if self.owns_engine:
                         pushed += push_bucket(engine, tensors)
-                    del tensors
         seconds = time.perf_counter() - started
         metrics = {"sync/seconds": seconds, "sync/gigabytes": pushed / 1e9, "sync/gb_per_s": pushed / 1e9 / max(seconds, 1e-9),
                    "sync/buckets": float(len(buckets))}
@@ -57,7 +55,8 @@ class WeightSync:
         return metrics
 
     def check(self, model: torch.nn.Module, engine, buckets=None) -> None:
-        """Compare the engine's weights with the gathered training weights, bitwise; raise on any difference."""
+        """Compare the engine's weights with the training weights gathered by DeepSpeed's own
+        GatheredParameters (independent of the sync's gather), bitwise; raise on any difference."""
         if buckets is None:
             buckets, _ = plan_buckets(weight_units(model), self.bucket_bytes)
         bad = []

@@ -1,0 +1,162 @@
+"""Weight sync under DeepSpeed ZeRO-3, two CPU processes, on a >= 100M-parameter Llama built from a config.
+
+Run `python benchmarks/sync.py` (it launches itself with `accelerate launch`, 2 processes, ZeRO-3, gloo).
+Each rank reports, side by side in one run:
+
+1. sync: seconds, GB/s and the measured peak extra memory (VmHWM) for several bucket sizes, next to the
+   bound "one bucket + the largest layer", and next to a plain in-process copy of the same bytes (ratio);
+2. the HF engine under ZeRO-3, per rollout: "shared" (generate on the sharded model, whole-model gather per
+   generate call) against "copy" (one bucketed sync, then generate on a plain inference copy).
+
+    python benchmarks/sync.py                      # defaults: ~110M params, buckets 16/64/256 MB
+    python benchmarks/sync.py --layers 4 --hidden 256   # a quick small run
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def parse():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--hidden", type=int, default=768)
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--buckets_mb", type=float, nargs="+", default=[16, 64, 256])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--generate_calls", type=int, default=2, help="generate calls per rollout")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--new_tokens", type=int, default=32)
+    parser.add_argument("--skip_rollout", action="store_true", help="only the sync table")
+    return parser.parse_args()
+
+
+def build_model(args):
+    """A Llama-style model, ZeRO-3-partitioned as it is built (zero.Init), wrapped for inference hooks."""
+    import deepspeed
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 8 // 3,
+                         num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
+                         num_key_value_heads=args.hidden // 64, tie_word_embeddings=True, max_position_embeddings=512)
+    ds_config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
+    with deepspeed.zero.Init(config_dict_or_path=ds_config):
+        model = LlamaForCausalLM(config)
+    engine, *_ = deepspeed.initialize(model=model, config=ds_config)
+    return engine.module
+
+
+def plain_copy_seconds(engine, repeats: int) -> tuple[float, int]:
+    """A plain in-process copy of the same bytes into the engine's weights: the speed ceiling of a push."""
+    import torch
+
+    sources = {n: torch.randn_like(p) for n, p in engine.model.named_parameters()}
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        with torch.no_grad():
+            for n, p in engine.model.named_parameters():
+                p.copy_(sources[n])
+        best = min(best, time.perf_counter() - started)
+    return best, sum(t.numel() * t.element_size() for t in sources.values())
+
+
+def bench_sync(model, engine, args, rank: int) -> None:
+    from verl_hf.sync import WeightSync, weight_units
+
+    copy_s, nbytes = plain_copy_seconds(engine, args.repeats)
+    largest_mb = max(u.nbytes for u in weight_units(model)) / 2**20
+    decoder_layer_mb = sum(p.ds_numel * p.element_size() for p in model.model.layers[0].parameters()) / 2**20
+    if rank == 0:
+        print(f"\nmodel: {sum(p.ds_numel for p in model.parameters()) / 1e6:.1f}M parameters, {nbytes / 1e9:.3f} GB "
+              f"fp32; largest weight {largest_mb:.1f} MB, one decoder layer {decoder_layer_mb:.1f} MB")
+        print(f"plain in-process copy of the same bytes: {copy_s:.3f} s = {nbytes / 1e9 / copy_s:.2f} GB/s\n")
+        print("| bucket MB | buckets | sync s | GB/s | vs plain copy | peak extra MB (rank 0) | bound: bucket + layer MB |")
+        print("|---|---|---|---|---|---|---|")
+    for bucket in args.buckets_mb:
+        sync = WeightSync(bucket_mb=bucket)
+        sync.sync(model, engine)  # warm-up: name check, allocator
+        runs = [sync.sync(model, engine) for _ in range(args.repeats)]
+        best = min(runs, key=lambda m: m["sync/seconds"])
+        peak = max(m["sync/peak_extra_mb"] for m in runs)
+        bound = sync.bucket_bytes / 2**20 + decoder_layer_mb
+        if rank == 0:
+            print(f"| {bucket:g} | {best['sync/buckets']:.0f} | {best['sync/seconds']:.3f} | {best['sync/gb_per_s']:.2f} | "
+                  f"{best['sync/gb_per_s'] / (nbytes / 1e9 / copy_s):.2f}x | {peak:.0f} | {bound:.0f}"
+                  f"{'' if peak <= bound else '  EXCEEDED'} |")
+    WeightSync(verify=True).sync(model, engine)  # and the copy is exact
+
+
+def bench_rollout(model, copy_engine, args, rank: int) -> None:
+    """One rollout = `generate_calls` generate calls; the copy form pays one sync per rollout."""
+    import torch
+
+    from verl_hf.rollout import HFGenerateEngine, SamplingConfig
+    from verl_hf.sync import WeightSync
+
+    shared = HFGenerateEngine(model, pad_token_id=0, eos_token_ids=[args.vocab - 1])
+    prompts = [[1 + (i * 7 + j) % 1000 for j in range(16)] for i in range(args.batch)]
+    params = SamplingConfig(max_new_tokens=args.new_tokens, seed=0)
+    sync = WeightSync(bucket_mb=64)
+    sync.sync(model, copy_engine)
+    timings = {}
+    for name, engine in (("shared (gather per generate)", shared), ("copy (sync + plain generate)", copy_engine)):
+        engine.generate(prompts, params)  # warm-up
+        started = time.perf_counter()
+        if engine is copy_engine:
+            sync.sync(model, copy_engine)
+        for _ in range(args.generate_calls):
+            engine.generate(prompts, params)
+        timings[name] = time.perf_counter() - started
+    tokens = args.generate_calls * args.batch * args.new_tokens
+    if rank == 0:
+        print(f"\nHF engine under ZeRO-3, one rollout = {args.generate_calls} generate calls x {args.batch} prompts x "
+              f"{args.new_tokens} new tokens (rank 0):\n")
+        print("| form | rollout s | tokens/s | persistent extra memory |")
+        print("|---|---|---|---|")
+        size = sum(p.numel() * p.element_size() for p in copy_engine.model.parameters()) / 2**20
+        for name, seconds in timings.items():
+            extra = f"{size:.0f} MB (the copy)" if name.startswith("copy") else "0 (full model only during generate)"
+            print(f"| {name} | {seconds:.2f} | {tokens / seconds:.0f} | {extra} |")
+    torch.distributed.barrier()
+
+
+def worker(args) -> None:
+    import torch
+    from accelerate import PartialState
+
+    from verl_hf.rollout import HFGenerateEngine
+
+    state = PartialState(backend="gloo")
+    torch.manual_seed(0)
+    model = build_model(args)
+    engine = HFGenerateEngine.inference_copy(model, pad_token_id=0, eos_token_ids=[args.vocab - 1])
+    bench_sync(model, engine, args, state.process_index)
+    if not args.skip_rollout:
+        bench_rollout(model, engine, args, state.process_index)
+
+
+def launch() -> int:
+    # A fixed mmap threshold makes glibc return every freed block >= 64 KB to the OS at once, so the resident
+    # set (what PeakMemory reads on CPU) tracks live tensors instead of recycled heap memory.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "ACCELERATE_USE_DEEPSPEED": "true",
+           "MALLOC_MMAP_THRESHOLD_": "65536"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--use_deepspeed",
+           "--zero_stage", "3", "--mixed_precision", "no", "--dynamo_backend", "no", __file__, "--worker",
+           *sys.argv[1:]]
+    return subprocess.call(cmd, env=env)
+
+
+if __name__ == "__main__":
+    arguments = parse()
+    if arguments.worker:
+        worker(arguments)
+    else:
+        sys.exit(launch())
