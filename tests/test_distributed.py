@@ -124,3 +124,38 @@ def test_one_process_and_two_zero3_processes_take_the_same_first_step(tmp_path):
         moved = (one[name] - start[name]).abs().max().item()
         assert (one[name] - two[name]).abs().max().item() <= 1e-6 + 1e-4 * moved, name
         assert moved > 0, name
+
+
+def _critic_log(out: Path) -> list[tuple[int, float, float]]:
+    history = json.loads((out / "log_history.json").read_text())
+    return [(h["step"], h["loss"], h["critic/value_loss"]) for h in history if "critic/value_loss" in h]
+
+
+def test_ppo_critic_under_ddp_and_zero3_and_exact_zero3_resume(tmp_path):
+    """PPO's critic under two processes: averaged gradients under DDP, its own ZeRO-3 engine under DeepSpeed.
+    Both give the same actor and critic losses; the critic learns; a ZeRO-3 run resumed from its step-4
+    checkpoint (actor, critic engine, KL controller) repeats steps 5-8 exactly."""
+    flags = ["--logging_steps", "1", "--use_cpu", "false", "--eval_strategy", "no"]
+    ppo = str(REPO / "examples/configs/ppo.yaml")
+
+    def run(config, out, extra, env=None):
+        script = tmp_path / "run.py"
+        script.write_text(SCRIPT)
+        cmd = [sys.executable, *_two_processes(config), str(script), ppo, "--output_dir", str(out), *flags, *extra]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return _critic_log(out)
+
+    ddp = run(MODES["ddp"], tmp_path / "ddp", ["--max_steps", "4"], {"ACCELERATE_USE_CPU": "true"})
+    checkpointed = ["--max_steps", "8", "--save_strategy", "steps", "--save_steps", "4"]
+    zero3 = run(MODES["zero3"], tmp_path / "z3", checkpointed)
+    resumed = run(MODES["zero3"], tmp_path / "z3_resumed",
+                  [*checkpointed, "--resume_from_checkpoint", str(tmp_path / "z3" / "checkpoint-4")])
+    for (step, loss, value_loss), (_, loss3, value_loss3) in zip(ddp, zero3[:4]):
+        assert loss3 == pytest.approx(loss, abs=1e-5) and value_loss3 == pytest.approx(value_loss, abs=1e-5), step
+    assert ddp[-1][2] < ddp[0][2]  # the value loss falls
+    resumed = resumed[-4:]  # the checkpoint brings steps 1-4 of the history along
+    assert [s for s, _, _ in resumed] == [5, 6, 7, 8]
+    for (step, loss, value_loss), (_, again, value_again) in zip(zero3[4:], resumed):
+        assert again == pytest.approx(loss, abs=1e-6) and value_again == pytest.approx(value_loss, abs=1e-6), step

@@ -92,7 +92,7 @@ def run_training(script: ScriptArguments, config) -> dict:
     for noisy in (PrinterCallback, ProgressCallback):  # the table replaces the raw dict prints
         trainer.remove_callback(noisy)
     before = trainer.evaluate() if test is not None else {}
-    trainer.train()
+    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     after = _final_eval(trainer) if test is not None else {}
     trainer.save_model(config.output_dir)
     summary = {"seed": config.seed, "steps": trainer.state.global_step, "seconds": round(time.time() - started, 1),

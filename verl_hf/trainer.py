@@ -76,7 +76,7 @@ class VerlTrainer(Trainer):
                            weight_sync=setup.make_weight_sync(args))
         self._synced_step: int | None = None
         self.ref_policy = setup.make_reference(self, ref_policy, args) if args.kl_coef > 0 else None
-        self.critic = setup.make_critic(critic, model, args)
+        self.critic = setup.make_critic(critic, model, args, trainer=self)
         self.kl_ctrl = setup.make_kl_ctrl(args)
         self.advantage_fn = get_advantage_estimator(args.adv_estimator)
         self.policy_loss_fn = get_policy_loss(args.policy_loss)
@@ -391,7 +391,7 @@ class VerlTrainer(Trainer):
                                    **self._loss_norms(mb))
         self.critic.backward(loss)
         self._record({"critic/value_loss": loss.item(), **{f"critic/{k}": v for k, v in metrics.items()}})
-        if self._micro_step % self.args.gradient_accumulation_steps == 0:
+        if self.critic.steps_every_micro_step or self._micro_step % self.args.gradient_accumulation_steps == 0:
             norm = self.critic.step()
             if norm is not None:
                 self._record({"critic/grad_norm": norm})
@@ -402,10 +402,8 @@ class VerlTrainer(Trainer):
         if self.args.should_save:
             with open(os.path.join(output_dir, KL_CTRL_FILE), "w") as f:
                 json.dump({"controller": self.kl_ctrl.state_dict(), "pending": getattr(self, "_kl_seen", None)}, f)
-        if self.critic is not None and self.args.should_save:
-            self.critic.model.save_pretrained(os.path.join(output_dir, CRITIC_DIR))
-            if self.critic.optimizer is not None:
-                torch.save(self.critic.optimizer.state_dict(), os.path.join(output_dir, CRITIC_DIR, "optimizer.pt"))
+        if self.critic is not None:
+            self.critic.save_checkpoint(os.path.join(output_dir, CRITIC_DIR), main_process=self.args.should_save)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         super()._load_optimizer_and_scheduler(checkpoint)
@@ -419,10 +417,7 @@ class VerlTrainer(Trainer):
         critic_dir = os.path.join(checkpoint, CRITIC_DIR)
         if not os.path.isdir(critic_dir):
             raise FileNotFoundError(f"{checkpoint} has no {CRITIC_DIR}/ folder: it was not saved by a PPO run.")
-        self.critic.model.load_state_dict(type(self.critic.model).from_pretrained(critic_dir).state_dict())
-        state_path = os.path.join(critic_dir, "optimizer.pt")
-        if os.path.exists(state_path):
-            self.critic.load_optimizer_state(torch.load(state_path, weights_only=True))
+        self.critic.load_checkpoint(critic_dir)
 
     # ------------------------------------------------------------------ data
     def get_train_dataloader(self):

@@ -113,16 +113,14 @@ def policy_path(model) -> str | None:
     return getattr(getattr(base, "config", None), "_name_or_path", None) or None
 
 
-def make_critic(critic, policy, args: VerlConfig) -> Critic | None:
-    """The PPO critic: given (role, model or path), or a value head on the policy's own checkpoint."""
+def make_critic(critic, policy, args: VerlConfig, trainer=None) -> Critic | None:
+    """The PPO critic: given (role, model or path), or a value head on the policy's own checkpoint. Under
+    DeepSpeed it gets its own engine with the run's ZeRO stage; under DDP its gradients are averaged in step()."""
     if args.adv_estimator != "gae":
         if critic is not None:
             raise ValueError(f"critic= is given but adv_estimator={args.adv_estimator!r} uses no values; set "
                              f"adv_estimator='gae' (PPO) or drop the critic.")
         return None
-    if args.world_size > 1:
-        raise NotImplementedError("PPO's critic runs in one process for now; multi-process critics arrive with the "
-                                  "DeepSpeed work. Use GRPO/RLOO/REINFORCE++ under accelerate launch meanwhile.")
     if isinstance(critic, Critic):
         role = critic
     elif critic is None or isinstance(critic, str):
@@ -133,6 +131,8 @@ def make_critic(critic, policy, args: VerlConfig) -> Critic | None:
     else:
         role = Critic(critic)
     role.learning_rate, role.max_grad_norm = args.critic_learning_rate, args.max_grad_norm
+    if trainer is not None and zero_stage(trainer) is not None:
+        return role.use_deepspeed(trainer.accelerator.state.deepspeed_plugin.deepspeed_config)
     role.model.to(args.device)
     return role
 

@@ -26,6 +26,25 @@ def score_in_chunks(model, sequences, micro_batch_size, score) -> torch.Tensor:
     return torch.cat(parts)
 
 
+def average_gradients(model) -> None:
+    """Average the gradients over all processes in one flat all-reduce (DDP's job, for a role that is not
+    wrapped in DDP); nothing without torch.distributed or with one process."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
 class Role:
     auto_class = None  # the transformers Auto class that loads this role's model
     frozen = False
@@ -101,8 +120,10 @@ class TrainableRole(Role):
         self._ensure_optimizer().load_state_dict(state)
 
     def step(self) -> float | None:
-        """Clip (if `max_grad_norm`), take an AdamW step, zero the gradients; returns the gradient norm."""
+        """Clip (if `max_grad_norm`), take an AdamW step, zero the gradients; returns the gradient norm.
+        Under several processes (torch.distributed) the gradients are averaged across them first."""
         self._ensure_optimizer()
+        average_gradients(self.model)
         norm = None
         if self.max_grad_norm:
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm).item()

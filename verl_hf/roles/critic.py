@@ -9,6 +9,8 @@ See it work: tests/test_roles.py, examples/custom_loop_ppo.py.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ..batch import RolloutBatch
@@ -41,12 +43,70 @@ class Critic(TrainableRole):
     def _load_kwargs(cls, hf_kwargs: dict) -> dict:
         return {"num_labels": 1, **hf_kwargs}
 
+    engine = None  # a DeepSpeed engine once `use_deepspeed` ran
+
+    def use_deepspeed(self, ds_config: dict) -> "Critic":
+        """Shard the critic like the actor: its own DeepSpeed engine (ZeRO-2/3) with its own AdamW at the critic's
+        learning rate. The engine then counts micro-steps and steps at accumulation boundaries itself."""
+        import copy
+
+        import deepspeed
+
+        config = copy.deepcopy(ds_config)
+        config.pop("optimizer", None)
+        config.pop("scheduler", None)
+        config["zero_allow_untested_optimizer"] = True  # torch AdamW under ZeRO
+        if self.max_grad_norm:
+            config["gradient_clipping"] = self.max_grad_norm
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=self.learning_rate, weight_decay=0.0)
+        self.engine, self.optimizer, *_ = deepspeed.initialize(model=self.model, optimizer=optimizer, config=config)
+        return self
+
+    @property
+    def steps_every_micro_step(self) -> bool:
+        """True when `step()` belongs after every backward (DeepSpeed decides when the optimizer really steps)."""
+        return self.engine is not None
+
+    def backward(self, loss: torch.Tensor) -> None:
+        if self.engine is None:
+            return super().backward(loss)
+        self.engine.backward(loss, scale_wrt_gas=False)  # the loss is already normalised over the whole step
+
+    def step(self) -> float | None:
+        if self.engine is None:
+            return super().step()
+        boundary = self.engine.is_gradient_accumulation_boundary()
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm() if boundary else None
+        return float(norm) if norm is not None else None
+
+    def save_checkpoint(self, path: str, main_process: bool = True) -> None:
+        """Weights and optimizer state: a DeepSpeed checkpoint (every rank writes its shards), else an HF model
+        folder plus optimizer.pt written by the main process."""
+        if self.engine is not None:
+            self.engine.save_checkpoint(path)
+            return
+        if main_process:
+            self.model.save_pretrained(path)
+            if self.optimizer is not None:
+                torch.save(self.optimizer.state_dict(), os.path.join(path, "optimizer.pt"))
+
+    def load_checkpoint(self, path: str) -> None:
+        if self.engine is not None:
+            self.engine.load_checkpoint(path, load_optimizer_states=True, load_lr_scheduler_states=False)
+            return
+        self.model.load_state_dict(type(self.model).from_pretrained(path).state_dict())
+        state_path = os.path.join(path, "optimizer.pt")
+        if os.path.exists(state_path):
+            self.load_optimizer_state(torch.load(state_path, weights_only=True))
+
     def compute_values(self, sequences: RolloutBatch, micro_batch_size: int | None = None) -> torch.Tensor:
         """Token-level values (B, Lr), zero outside the response mask; no gradients."""
-        return score_in_chunks(self.model, sequences, micro_batch_size, sequence_values)
+        return score_in_chunks(self.engine or self.model, sequences, micro_batch_size, sequence_values)
 
     def forward_values(self, sequences: RolloutBatch, model=None) -> torch.Tensor:
         """Token-level values (B, Lr) with gradients, for the value loss."""
-        model = model or self.model
+        model = model or self.engine or self.model
         model.train()
         return sequence_values(model, sequences.to(self.device))
