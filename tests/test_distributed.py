@@ -69,10 +69,26 @@ def _two_processes(config: list[str]) -> list[str]:
             "--dynamo_backend", "no", "--main_process_port", str(_free_port())]
 
 
+def _reward_model(tmp_path) -> str:
+    """A tiny sequence-classification reward model (the demo backbone with a seeded random head) on disk."""
+    path = tmp_path / "reward_model"
+    if not path.exists():
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        torch.manual_seed(0)
+        warm_start = str(REPO / "verl_hf/demo/warm_start")
+        AutoModelForSequenceClassification.from_pretrained(warm_start, num_labels=1).save_pretrained(path)
+        AutoTokenizer.from_pretrained(warm_start).save_pretrained(path)
+    return str(path)
+
+
 def _launch(tmp_path, mode: str) -> list[dict]:
     out = tmp_path / mode
     flags = ["--max_steps", "4", "--eval_steps", "2", "--per_device_train_batch_size", "32", "--use_cpu", "false",
              "--rollout_hf_weights", "copy", "--sync_verify", "true", *EXTRA.get(mode, [])]
+    if mode != "zero3_lora":  # a reward model too: sharded under ZeRO-3, a full copy per process elsewhere
+        flags += ["--reward_model_path", _reward_model(tmp_path), "--reward_weights", "1.0", "0.1", "0.5"]
     _run(tmp_path, _two_processes(MODES[mode]), out, flags, {"ACCELERATE_USE_CPU": "true"} if mode == "ddp" else {})
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     ranks[0]["log_history"] = json.loads((out / "log_history.json").read_text())
@@ -96,6 +112,10 @@ def test_ddp_zero2_zero3_lora_train_sync_and_agree(tmp_path):
     kl = [h["kl"] for h in runs["zero3"][0]["log_history"] if "kl" in h]
     assert kl[0] == pytest.approx(0.0, abs=1e-6) and kl[-1] > 1e-4, kl  # zero before any update, then grows
     ddp = runs["ddp"][0]
+    first_scores = {m: next(h for h in runs[m][0]["log_history"] if "reward/mean" in h)["reward/reward_model/mean"]
+                    for m in ("ddp", "zero2", "zero3")}
+    assert first_scores["zero3"] == pytest.approx(first_scores["ddp"], abs=1e-5), first_scores
+    assert first_scores["zero2"] == pytest.approx(first_scores["ddp"], abs=1e-5), first_scores
     for mode in ("zero2", "zero3"):
         assert runs[mode][0]["reward_first"] == pytest.approx(ddp["reward_first"], abs=1e-6), mode
         assert abs(runs[mode][0]["accuracy_after"] - ddp["accuracy_after"]) <= 0.02, mode

@@ -109,6 +109,11 @@ class VerlConfig(TrainingArguments):
             "'pkg.module:function' or 'path/to/file.py:function'. VerlTrainer(reward_funcs=...) also takes callables."
         ),
     )
+    reward_model_path: str | None = field(
+        default=None,
+        metadata=_help("A sequence-classification reward model (id or path), scored on the decoded text as one more "
+                       "reward function named 'reward_model' (after reward_funcs; its weight comes last)."),
+    )
     reward_weights: list[float] | None = field(
         default=None, metadata=_help("One weight per reward function (default 1.0 each).")
     )
@@ -328,10 +333,12 @@ def _round_up(value: int, a: int, b: int) -> int:
 
 def _check_rewards(cfg: VerlConfig) -> None:
     if cfg.reward_weights is not None and cfg.reward_funcs is not None:
-        if len(cfg.reward_weights) != len(cfg.reward_funcs):
+        expected = len(cfg.reward_funcs) + bool(cfg.reward_model_path)
+        if len(cfg.reward_weights) != expected:
+            also = " plus reward_model_path" if cfg.reward_model_path else ""
             raise ValueError(
                 f"reward_weights has {len(cfg.reward_weights)} entries but reward_funcs has "
-                f"{len(cfg.reward_funcs)}; give one weight per function."
+                f"{len(cfg.reward_funcs)}{also}; give one weight per function ({expected})."
             )
 
 

@@ -75,6 +75,7 @@ class VerlTrainer(Trainer):
         self.actor = Actor(self.model, tokenizer, engine=setup.make_engine(self, args), temperature=args.temperature,
                            weight_sync=setup.make_weight_sync(args))
         self._synced_step: int | None = None
+        setup.place_reward_models(self, self.reward_funcs)
         self.ref_policy = setup.make_reference(self, ref_policy, args) if args.kl_coef > 0 else None
         self.critic = setup.make_critic(critic, model, args, trainer=self)
         self.kl_ctrl = setup.make_kl_ctrl(args)

@@ -45,6 +45,8 @@ def resolve_rewards(args: VerlConfig, reward_funcs, reward_model):
         specs += list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     if reward_model is not None:
         specs.append(as_reward_model(reward_model))
+    if args.reward_model_path:
+        specs.append(RewardModel.from_pretrained(args.reward_model_path))
     if not specs:
         raise ValueError("no reward: pass reward_funcs=[...] (callables or names such as 'gsm8k') or reward_model=.")
     funcs = resolve_reward_funcs(specs)
@@ -181,23 +183,13 @@ def make_kl_ctrl(args: VerlConfig):
 
 
 
-def zero3_reference(trainer, ref_policy, args: VerlConfig) -> ReferencePolicy:
-    """The KL reference under ZeRO-3: the starting policy loaded again (partitioned as it loads) and wrapped in
-    a DeepSpeed inference engine with the run's ZeRO-3 settings, so it is sharded like the actor."""
+def deepspeed_inference(trainer, model):
+    """`model` in a DeepSpeed inference engine with the run's ZeRO-3 settings (no optimizer): sharded like
+    the actor, gathered layer by layer in each forward. Returns the engine."""
     import copy
 
     import deepspeed
 
-    path = ref_policy if isinstance(ref_policy, str) else None
-    if ref_policy is None:
-        path = policy_path(trainer.model)
-    if path is not None:
-        model = AutoModelForCausalLM.from_pretrained(path)
-    elif any(hasattr(p, "ds_id") for p in ref_policy.parameters()):
-        model = ref_policy
-    else:
-        raise ValueError("under ZeRO-3 the KL reference is loaded from a path: pass ref_policy='<id or path>' "
-                         "(the policy has no path to reload its starting weights from).")
     config = copy.deepcopy(trainer.accelerator.state.deepspeed_plugin.deepspeed_config)
     config.pop("optimizer", None)
     config.pop("scheduler", None)
@@ -209,6 +201,36 @@ def zero3_reference(trainer, ref_policy, args: VerlConfig) -> ReferencePolicy:
             zero[key] = value
     engine, *_ = deepspeed.initialize(model=model, config=config)
     engine.eval()
+    return engine
+
+
+def zero3_reference(trainer, ref_policy, args: VerlConfig) -> ReferencePolicy:
+    """The KL reference under ZeRO-3: the starting policy loaded again (partitioned as it loads) and wrapped in
+    a DeepSpeed inference engine, so it is sharded like the actor."""
+    path = ref_policy if isinstance(ref_policy, str) else None
+    if ref_policy is None:
+        path = policy_path(trainer.model)
+    if path is not None:
+        model = AutoModelForCausalLM.from_pretrained(path)
+    elif any(hasattr(p, "ds_id") for p in ref_policy.parameters()):
+        model = ref_policy
+    else:
+        raise ValueError("under ZeRO-3 the KL reference is loaded from a path: pass ref_policy='<id or path>' "
+                         "(the policy has no path to reload its starting weights from).")
+    engine = deepspeed_inference(trainer, model)
     role = ReferencePolicy(engine.module, temperature=args.temperature)
     role.engine = engine  # keeps DeepSpeed's hooks and buffers alive
     return role
+
+
+def place_reward_models(trainer, reward_funcs) -> None:
+    """Reward models live where the actor lives: sharded by a DeepSpeed inference engine under ZeRO-3, else
+    a full frozen copy on each process's device."""
+    for _, func in reward_funcs:
+        if not isinstance(func, RewardModel):
+            continue
+        if zero_stage(trainer) == 3:
+            func.engine = deepspeed_inference(trainer, func.model)
+            func.model = func.engine.module
+        else:
+            func.model.to(trainer.args.device)
