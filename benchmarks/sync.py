@@ -68,18 +68,42 @@ def plain_copy_seconds(engine, repeats: int) -> tuple[float, int]:
     return best, sum(t.numel() * t.element_size() for t in sources.values())
 
 
+def all_gather_seconds(nbytes: int, repeats: int) -> float:
+    """The transport alone: all-gathering the same bytes in the sync's piece size into a reused buffer."""
+    import torch
+    import torch.distributed as dist
+
+    from verl_hf.sync.gather import CHUNK_BYTES
+
+    world = dist.get_world_size()
+    piece = torch.randn(CHUNK_BYTES // 4 // world)
+    out = torch.empty(piece.numel() * world)
+    calls = max(nbytes // CHUNK_BYTES, 1)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for _ in range(calls):
+            dist.all_gather_into_tensor(out, piece)
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
 def bench_sync(model, engine, args, rank: int) -> None:
     from verl_hf.sync import WeightSync, weight_units
 
     copy_s, nbytes = plain_copy_seconds(engine, args.repeats)
+    gather_s = all_gather_seconds(nbytes, args.repeats)
     largest_mb = max(u.nbytes for u in weight_units(model)) / 2**20
     decoder_layer_mb = sum(p.ds_numel * p.element_size() for p in model.model.layers[0].parameters()) / 2**20
     if rank == 0:
         print(f"\nmodel: {sum(p.ds_numel for p in model.parameters()) / 1e6:.1f}M parameters, {nbytes / 1e9:.3f} GB "
               f"fp32; largest weight {largest_mb:.1f} MB, one decoder layer {decoder_layer_mb:.1f} MB")
-        print(f"plain in-process copy of the same bytes: {copy_s:.3f} s = {nbytes / 1e9 / copy_s:.2f} GB/s\n")
-        print("| bucket MB | buckets | sync s | GB/s | vs plain copy | peak extra MB (rank 0) | bound: bucket + layer MB |")
-        print("|---|---|---|---|---|---|---|")
+        print(f"plain in-process copy of the same bytes: {copy_s:.3f} s = {nbytes / 1e9 / copy_s:.2f} GB/s")
+        print(f"bare all-gather of the same bytes (the transport, no sync): {gather_s:.3f} s = "
+              f"{nbytes / 1e9 / gather_s:.2f} GB/s\n")
+        print("| bucket MB | buckets | sync s | GB/s | vs plain copy | vs bare all-gather | peak extra MB (rank 0) | "
+              "bound: bucket + layer MB |")
+        print("|---|---|---|---|---|---|---|---|")
     for bucket in args.buckets_mb:
         sync = WeightSync(bucket_mb=bucket)
         sync.sync(model, engine)  # warm-up: name check, allocator
@@ -89,7 +113,8 @@ def bench_sync(model, engine, args, rank: int) -> None:
         bound = sync.bucket_bytes / 2**20 + decoder_layer_mb
         if rank == 0:
             print(f"| {bucket:g} | {best['sync/buckets']:.0f} | {best['sync/seconds']:.3f} | {best['sync/gb_per_s']:.2f} | "
-                  f"{best['sync/gb_per_s'] / (nbytes / 1e9 / copy_s):.2f}x | {peak:.0f} | {bound:.0f}"
+                  f"{best['sync/gb_per_s'] / (nbytes / 1e9 / copy_s):.2f}x | "
+                  f"{best['sync/gb_per_s'] / (nbytes / 1e9 / gather_s):.2f}x | {peak:.0f} | {bound:.0f}"
                   f"{'' if peak <= bound else '  EXCEEDED'} |")
     WeightSync(verify=True).sync(model, engine)  # and the copy is exact
 

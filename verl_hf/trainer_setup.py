@@ -152,7 +152,7 @@ def make_engine(trainer, args: VerlConfig):
     model, tokenizer = trainer.model, trainer.processing_class
     form = args.rollout_hf_weights
     if form == "auto":
-        form = "copy" if zero_stage(trainer) == 3 or hasattr(model, "peft_config") else "shared"
+        form = "copy" if zero_stage(trainer) == 3 else "shared"
     eos = eos_token_ids(model, tokenizer)
     if form == "shared":
         if args.rollout_dtype != "auto":

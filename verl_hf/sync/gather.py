@@ -27,7 +27,7 @@ import torch
 from .names import engine_name
 
 
-@dataclass
+@dataclass(eq=False)  # identity: units hold tensors, which have no truth value to compare
 class Unit:
     """One module whose weights travel together: `name` (training module name), its own parameters."""
 
@@ -62,12 +62,12 @@ def weight_units(model: torch.nn.Module) -> list[Unit]:
             continue
         if _is_lora(module):
             units.append(Unit(name, module, [(n, p) for n, p in module.named_parameters() if id(p) not in seen], True))
-            skip = tuple(s for s in (*skip, name + ".") if s)
+            skip = (*skip, name + ".")
         elif hasattr(module, "modules_to_save") and hasattr(module, "original_module"):
             # PEFT trains a full copy of this module; the active copy is what the engine must receive.
             active = module.modules_to_save[module.active_adapters[0]] if not module.disable_adapters else module.original_module
             units.append(Unit(name, active, [(n, p) for n, p in active.named_parameters() if id(p) not in seen]))
-            skip = tuple(s for s in (*skip, name + ".") if s)
+            skip = (*skip, name + ".")
         else:
             units.append(Unit(name, module, [(n, p) for n, p in module.named_parameters(recurse=False)
                                              if id(p) not in seen]))
@@ -95,7 +95,7 @@ def plan_buckets(units: list[Unit], bucket_bytes: int) -> tuple[list[list[Unit]]
     return buckets, bucket_bytes
 
 
-CHUNK_BYTES = 16 * 2**20
+CHUNK_BYTES = 4 * 2**20  # gloo all-gather peaks at ~4 MB pieces (1.4 GB/s vs 1.2 at 16 MB, 0.3 at 64 MB, 2 CPU processes)
 
 
 def _partition_gatherable(p) -> bool:
@@ -114,13 +114,16 @@ def gather_partitioned(p: torch.Tensor, device, chunk_bytes: int = CHUNK_BYTES) 
     size = part.numel()
     full = torch.empty(world * size, dtype=part.dtype, device=device)
     grid = full.view(world, size)
-    step = max(chunk_bytes // (world * part.element_size()), 1)
+    step = min(max(chunk_bytes // (world * part.element_size()), 1), size)
+    if step == size and part.device == torch.device(device):  # small enough: gather straight into the result
+        dist.all_gather_into_tensor(full, part, group=group)
+        return full[: p.ds_numel].view(p.ds_shape)
+    staging = torch.empty(world * step, dtype=part.dtype, device=device)
     for start in range(0, size, step):
         piece = part[start : start + step].to(device).contiguous()
-        out = torch.empty(world * piece.numel(), dtype=part.dtype, device=device)
+        out = staging[: world * piece.numel()]
         dist.all_gather_into_tensor(out, piece, group=group)
         grid[:, start : start + piece.numel()].copy_(out.view(world, -1))
-        del out
     return full[: p.ds_numel].view(p.ds_shape)
 
 
