@@ -1,18 +1,19 @@
-"""The weight sync on a real ZeRO-3-partitioned model in one process (DeepSpeed over gloo, world size 1), run
-in a subprocess so that its process group stays out of the test session. Two-process runs: test_distributed.py."""
+"""The weight sync on real ZeRO-3 partitions, two processes under `accelerate launch` (DeepSpeed over gloo):
+the chunked partition gather (to every rank, or to one owner rank only), a verified sync into inference
+copies, and the error for an engine that cannot receive weights. The full training runs are in
+test_distributed.py."""
 
 import os
+import socket
 import subprocess
 import sys
 import textwrap
 
 SCRIPT = textwrap.dedent('''
-    import os, socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
-                      DS_ACCELERATOR="cpu")
+    import os
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed, torch
+    import torch.distributed as dist
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.initialization import no_init_weights
     from verl_hf.demo import WARM_START_DIR
@@ -22,6 +23,7 @@ SCRIPT = textwrap.dedent('''
     from verl_hf.sync.gather import gather_partitioned
 
     deepspeed.init_distributed(dist_backend="gloo")
+    rank = dist.get_rank()
     tok = AutoTokenizer.from_pretrained(str(WARM_START_DIR))
     full = AutoModelForCausalLM.from_pretrained(str(WARM_START_DIR))
     with no_init_weights(), deepspeed.zero.Init(config_dict_or_path={"train_micro_batch_size_per_gpu": 1,
@@ -31,21 +33,32 @@ SCRIPT = textwrap.dedent('''
     with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=0):
         model.load_state_dict(full.state_dict())
     embed = model.model.embed_tokens.weight
-    assert embed.numel() == 0 and embed.ds_numel > 0  # really partitioned
+    assert embed.numel() == 0 and 0 < embed.ds_tensor.numel() < embed.ds_numel  # really sharded over 2 ranks
 
-    # 1. the chunked partition gather equals the weights, also with chunks that split rows
+    # 1. the chunked partition gather equals the weights (pieces that split rows), on every rank or on rank 0
     for name, p in model.named_parameters():
-        got = gather_partitioned(p, "cpu", chunk_bytes=1000)
-        assert torch.equal(got, full.get_parameter(name)), name
+        assert torch.equal(gather_partitioned(p, "cpu", chunk_bytes=1000), full.get_parameter(name)), name
+        only_owner = gather_partitioned(p, "cpu", chunk_bytes=1000, dst=0)
+        assert torch.equal(only_owner, full.get_parameter(name)) if rank == 0 else only_owner is None, name
 
-    # 2. a sync into an inference copy, checked by DeepSpeed's own GatheredParameters
+    # 2. a sync into inference copies, checked against DeepSpeed's own GatheredParameters
     engine = HFGenerateEngine.inference_copy(model, tok.pad_token_id, [tok.eos_token_id])
     metrics = WeightSync(bucket_mb=0.5, verify=True).sync(model, engine)
     assert metrics["sync/buckets"] > 1, metrics
     for name, p in full.named_parameters():
         assert torch.equal(engine.get_weights([name])[name], p), name
 
-    # 3. an engine that cannot receive weights is refused for a ZeRO-3 policy
+    # 3. one owner: only rank 0's engine receives weights; rank 1 only sends its shards
+    engine = HFGenerateEngine.inference_copy(model, tok.pad_token_id, [tok.eos_token_id])
+    metrics = WeightSync(bucket_mb=0.5, verify=True, owner_rank=0).sync(model, engine)
+    pushed = metrics["sync/gigabytes"]
+    weights = dict(engine.model.named_parameters())
+    if rank == 0:
+        assert pushed > 0 and all(torch.equal(weights[n], p) for n, p in full.named_parameters())
+    else:
+        assert pushed == 0 and all(bool((w == 0).all()) for w in weights.values())
+
+    # 4. an engine that cannot receive weights is refused for a ZeRO-3 policy
     class FixedWeights:
         def generate(self, prompt_ids, params): ...
     try:
@@ -54,13 +67,20 @@ SCRIPT = textwrap.dedent('''
         assert "cannot receive weights" in str(e) and "ZeRO-3" in str(e), e
     else:
         raise AssertionError("no error for an engine without load_weights under ZeRO-3")
-    print("ALL OK")
+    print(f"rank {rank}: ALL OK")
 ''')
 
 
-def test_sync_from_zero3_partitions_in_one_process(tmp_path):
+def test_sync_from_zero3_partitions_two_processes(tmp_path):
     script = tmp_path / "zero3_sync.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
-    assert result.returncode == 0 and "ALL OK" in result.stdout, result.stderr[-3000:]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+           str(port), str(script)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "rank 0: ALL OK" in result.stdout and "rank 1: ALL OK" in result.stdout, result.stdout[-2000:]

@@ -104,40 +104,51 @@ def _partition_gatherable(p) -> bool:
             and not hasattr(part, "ds_quant_scale"))
 
 
-def gather_partitioned(p: torch.Tensor, device, chunk_bytes: int = CHUNK_BYTES) -> torch.Tensor:
-    """The full tensor of a ZeRO-3 parameter, all-gathered from its partitions chunk by chunk."""
+def gather_partitioned(p: torch.Tensor, device, chunk_bytes: int = CHUNK_BYTES, dst: int | None = None):
+    """The full tensor of a ZeRO-3 parameter, gathered from its partitions chunk by chunk: on every process
+    (`dst=None`, all-gather), or on global rank `dst` only (None is returned elsewhere)."""
     import torch.distributed as dist
 
     group = p.ds_process_group
     world = dist.get_world_size(group=group)
+    receives = dst is None or dist.get_rank() == dst
     part = p.ds_tensor.view(-1)
     size = part.numel()
-    full = torch.empty(world * size, dtype=part.dtype, device=device)
-    grid = full.view(world, size)
     step = min(max(chunk_bytes // (world * part.element_size()), 1), size)
-    if step == size and part.device == torch.device(device):  # small enough: gather straight into the result
+    full = torch.empty(world * size, dtype=part.dtype, device=device) if receives else None
+    if dst is None and step == size and part.device == torch.device(device):  # small: straight into the result
         dist.all_gather_into_tensor(full, part, group=group)
         return full[: p.ds_numel].view(p.ds_shape)
-    staging = torch.empty(world * step, dtype=part.dtype, device=device)
+    staging = torch.empty(world * step, dtype=part.dtype, device=device) if receives else None
     for start in range(0, size, step):
         piece = part[start : start + step].to(device).contiguous()
-        out = staging[: world * piece.numel()]
-        dist.all_gather_into_tensor(out, piece, group=group)
-        grid[:, start : start + piece.numel()].copy_(out.view(world, -1))
-    return full[: p.ds_numel].view(p.ds_shape)
+        out = staging[: world * piece.numel()] if receives else None
+        if dst is None:
+            dist.all_gather_into_tensor(out, piece, group=group)
+        else:
+            dist.gather(piece, list(out.view(world, -1)) if receives else None, dst=dst, group=group)
+        if receives:
+            full.view(world, size)[:, start : start + piece.numel()].copy_(out.view(world, -1))
+    return full[: p.ds_numel].view(p.ds_shape) if receives else None
 
 
 @contextlib.contextmanager
-def bucket_tensors(units: list[Unit], device):
-    """(engine name, full tensor) pairs of a bucket, in unit order, valid inside the block."""
+def bucket_tensors(units: list[Unit], device, dst: int | None = None):
+    """(engine name, full tensor) pairs of a bucket, in unit order, valid inside the block. With `dst`, only
+    that rank gets ZeRO-3 partitions (the others get an empty list); LoRA modules and offloaded partitions go
+    through DeepSpeed's GatheredParameters, which gathers on every rank."""
+    import torch.distributed as dist
+
     direct = [u for u in units if not u.lora and u.params and all(_partition_gatherable(p) for _, p in u.params)]
+    receives = dst is None or (dist.get_rank() if dist.is_initialized() else 0) == dst
     with gathered([u for u in units if u not in direct]):
         pairs = []
         for unit in units:
             if unit in direct:
-                pairs += [(engine_name(f"{unit.name}.{n}" if unit.name else n), gather_partitioned(p, device))
-                          for n, p in unit.params]
-            else:
+                full = [(engine_name(f"{unit.name}.{n}" if unit.name else n), gather_partitioned(p, device, dst=dst))
+                        for n, p in unit.params]
+                pairs += full if receives else []
+            elif receives:
                 pairs += unit_tensors(unit)
         try:
             yield pairs

@@ -21,11 +21,22 @@ from .push import mismatched_weights, push_bucket
 
 
 class WeightSync:
-    def __init__(self, bucket_mb: float = 256.0, verify: bool = False, owns_engine: bool = True):
+    """`owner_rank=None`: every process owns an engine (colocated engines) and receives full tensors;
+    `owner_rank=r`: only process r does (e.g. one engine server): ZeRO-3 partitions are gathered to it alone,
+    and the other processes only send their shards."""
+
+    def __init__(self, bucket_mb: float = 256.0, verify: bool = False, owner_rank: int | None = None):
         if bucket_mb <= 0:
             raise ValueError(f"sync_bucket_mb must be > 0, got {bucket_mb}.")
-        self.bucket_bytes, self.verify, self.owns_engine = int(bucket_mb * 2**20), verify, owns_engine
+        self.bucket_bytes, self.verify, self.owner_rank = int(bucket_mb * 2**20), verify, owner_rank
         self._names_checked = False
+
+    @property
+    def owns_engine(self) -> bool:
+        import torch.distributed as dist
+
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        return self.owner_rank is None or self.owner_rank == rank
 
     @classmethod
     def from_config(cls, args) -> "WeightSync":
@@ -42,7 +53,7 @@ class WeightSync:
         started, pushed = time.perf_counter(), 0
         with PeakMemory(device) as peak:
             for bucket in buckets:
-                with bucket_tensors(bucket, device) as tensors:
+                with bucket_tensors(bucket, device, dst=self.owner_rank) as tensors:
                     if self.owns_engine:
                         pushed += push_bucket(engine, tensors)
         seconds = time.perf_counter() - started
