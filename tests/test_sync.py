@@ -2,6 +2,9 @@
 Single process here; the ZeRO-3 / DDP / LoRA-under-ZeRO-3 runs are in test_distributed.py."""
 
 import copy
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -131,11 +134,18 @@ def test_actor_with_an_inference_copy_syncs_before_sampling_and_after_each_step(
     assert torch.equal(actor.engine.model.lm_head.weight, policy.lm_head.weight)
 
 
-def test_peak_memory_sees_a_temporary_allocation():
-    with PeakMemory("cpu") as peak:
-        block = torch.ones(16 * 2**20 // 4)  # 16 MiB, touched
-        del block
-    assert peak.extra_bytes is not None and 12 * 2**20 <= peak.extra_bytes < 64 * 2**20
+def test_peak_memory_sees_a_temporary_allocation(tmp_path):
+    """In a fresh process with glibc returning freed blocks at once (as benchmarks/sync.py runs), the CPU
+    measurement sees a 16 MiB temporary; in a long-lived process it is a lower bound (recycled heap)."""
+    script = tmp_path / "peak.py"
+    script.write_text(
+        "import torch\nfrom verl_hf.sync import PeakMemory\n"
+        "with PeakMemory('cpu') as peak:\n    block = torch.ones(16 * 2**20 // 4)\n    del block\n"
+        "print(peak.extra_bytes)\n")
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    extra = int(out.stdout.strip().splitlines()[-1])
+    assert 15 * 2**20 <= extra < 24 * 2**20, extra
 
 
 def test_trainer_with_inference_copy_samples_like_shared_and_syncs_every_step(tmp_path, warm_start_dir, addition):
@@ -147,6 +157,11 @@ def test_trainer_with_inference_copy_samples_like_shared_and_syncs_every_step(tm
         trainer = VerlTrainer(model=warm_start_dir, args=args, train_dataset=train)
         trainer.train()
         runs[form] = [h for h in trainer.state.log_history if "reward/mean" in h]
+        if form == "copy":  # the last step changed the weights: any later generation syncs first
+            assert trainer.actor.engine_is_stale
+            trainer.actor.generate_sequences(["1+2="], max_new_tokens=2)
+            copy_weights = trainer.actor.engine.model.state_dict()
+            assert all(torch.equal(copy_weights[n], p) for n, p in trainer.model.named_parameters())
     for shared, copied in zip(runs["shared"], runs["copy"]):
         assert copied["reward/mean"] == pytest.approx(shared["reward/mean"], abs=1e-6)
         assert copied["loss"] == pytest.approx(shared["loss"], abs=1e-5)

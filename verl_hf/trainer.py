@@ -17,7 +17,7 @@ from collections import defaultdict
 from contextlib import contextmanager
 
 import torch
-from transformers import Trainer
+from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import speed_metrics
 
 from . import trainer_setup as setup
@@ -74,7 +74,7 @@ class VerlTrainer(Trainer):
         )
         self.actor = Actor(self.model, tokenizer, engine=setup.make_engine(self, args), temperature=args.temperature,
                            weight_sync=setup.make_weight_sync(args))
-        self._synced_step: int | None = None
+        self.add_callback(_EngineWeightsChanged(self.actor))
         setup.place_reward_models(self, self.reward_funcs)
         self.ref_policy = setup.make_reference(self, ref_policy, args) if args.kl_coef > 0 else None
         self.critic = setup.make_critic(critic, model, args, trainer=self)
@@ -91,6 +91,7 @@ class VerlTrainer(Trainer):
     # ------------------------------------------------------------------ the RL step
     def train(self, *args, **kwargs):
         self._position_synced = False  # a resumed run may start in the middle of a round
+        self.actor.mark_weights_changed()  # a resume loads other weights after any earlier sync
         return super().train(*args, **kwargs)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -120,14 +121,12 @@ class VerlTrainer(Trainer):
             self._position_synced = True
 
     def _sync_engine_weights(self) -> None:
-        """Once per optimizer step at most, and only for an engine with its own weights (verl_hf.sync)."""
-        if self.actor.weight_sync is None or self._synced_step == self.state.global_step:
+        """Only for an engine with its own weights (verl_hf.sync), and only after the weights changed."""
+        if not self.actor.engine_is_stale:
             return
-        self.actor.mark_weights_changed()
         with self._timer("sync"):
             metrics = self.actor.sync_weights()
         self._record(metrics)
-        self._synced_step = self.state.global_step
 
     def _rollout(self, rows: list[dict], train: bool = True) -> RolloutBatch:
         with self._timer("rollout"):
@@ -534,6 +533,17 @@ class VerlTrainer(Trainer):
         yield
         self._last_phase_seconds = time.perf_counter() - started
         self._record({f"time/{phase}": self._last_phase_seconds})
+
+
+class _EngineWeightsChanged(TrainerCallback):
+    """Every optimizer step changes the weights: the actor's engine copy (if any) is stale until the next sync,
+    also for generation that does not go through training_step (evaluation, a user's callback)."""
+
+    def __init__(self, actor: Actor):
+        self.actor = actor
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.actor.mark_weights_changed()
 
 
 def _prepare_datasets(train_dataset, eval_dataset, tokenizer, args):

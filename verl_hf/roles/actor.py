@@ -134,6 +134,11 @@ class Actor(TrainableRole):
         self._engine_stale = False
         return metrics
 
+    @property
+    def engine_is_stale(self) -> bool:
+        """True while an engine with its own weights has not received the latest ones."""
+        return self._engine_stale
+
     def mark_weights_changed(self) -> None:
         """The weights were updated outside `step()` (e.g. by the Trainer's optimizer): sync before sampling."""
         self._engine_stale = self.weight_sync is not None

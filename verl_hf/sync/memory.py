@@ -1,6 +1,10 @@
 """Peak extra memory of a block of code, measured: CUDA's allocator peak on GPUs, the process's peak
 resident set (VmHWM, reset through /proc/self/clear_refs) on CPUs.
 
+On CPUs the resident set only grows for memory that is new to the process: blocks that glibc recycles from
+earlier frees are not counted, so in a long-running process the figure is a lower bound. It is exact when
+freed blocks go back to the OS at once (`MALLOC_MMAP_THRESHOLD_=65536`, as benchmarks/sync.py sets).
+
 See it work: tests/test_sync.py.
 """
 
