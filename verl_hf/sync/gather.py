@@ -1,8 +1,8 @@
 """Layer 2 of the weight sync: full tensors from (possibly ZeRO-3-sharded) training weights, bucket by bucket.
 
 Parameters are walked module by module in the model's order (layer order for HF models). Modules are packed
-into buckets of at most `bucket_bytes`, measured with `ds_numel` (the full size of a ZeRO-3 partition); the
-extra memory is one bucket, never the whole model. A PEFT LoRA module is one unit: its base weight plus
+into buckets of at most `bucket_bytes` (whole numbered layers only), measured with `ds_numel` (the full size
+of a ZeRO-3 partition); the extra memory is one bucket, never the whole model. A PEFT LoRA module is one unit: its base weight plus
 `get_delta_weight` of each active adapter (PEFT's own merge math), so no full merged model is ever built.
 
 ZeRO-3 weights are all-gathered straight from their partitions (`ds_tensor`: rank r holds elements
@@ -75,21 +75,44 @@ def weight_units(model: torch.nn.Module) -> list[Unit]:
     return [u for u in units if u.params]
 
 
+def layer_key(name: str) -> str:
+    """The numbered layer a module belongs to ('model.layers.3.mlp.up_proj' -> 'model.layers.3'), else itself."""
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: i + 1])
+    return name
+
+
+def _layers(units: list[Unit]) -> list[list[Unit]]:
+    """Consecutive units grouped by layer_key: a layer always travels in one bucket, because engines that fuse
+    weights (vLLM's qkv_proj, gate_up_proj) must receive a layer's tensors in one load."""
+    groups: list[list[Unit]] = []
+    for unit in units:
+        if groups and layer_key(groups[-1][0].name) == layer_key(unit.name):
+            groups[-1].append(unit)
+        else:
+            groups.append([unit])
+    return groups
+
+
 def plan_buckets(units: list[Unit], bucket_bytes: int) -> tuple[list[list[Unit]], int]:
-    """(buckets of whole units, the bucket size used). A unit larger than the bucket raises the bucket to its
-    size with a warning (a unit cannot be split: LoRA merges need the whole module)."""
-    largest = max((u.nbytes for u in units), default=0)
+    """(buckets of whole layers, the bucket size used). A layer larger than the bucket raises the bucket to its
+    size with a warning (a layer is never split: fused engine weights and LoRA merges need it whole)."""
+    layers = _layers(units)
+    sizes = [sum(u.nbytes for u in layer) for layer in layers]
+    largest = max(sizes, default=0)
     if largest > bucket_bytes:
-        warnings.warn(f"sync_bucket_mb={bucket_bytes / 2**20:.1f} is smaller than the largest weight "
+        warnings.warn(f"sync_bucket_mb={bucket_bytes / 2**20:.1f} is smaller than the largest layer "
                       f"({largest / 2**20:.1f} MB); using {largest / 2**20:.1f} MB buckets.", stacklevel=2)
         bucket_bytes = largest
     buckets, current, size = [], [], 0
-    for unit in units:
-        if current and size + unit.nbytes > bucket_bytes:
+    for layer, layer_bytes in zip(layers, sizes):
+        if current and size + layer_bytes > bucket_bytes:
             buckets.append(current)
             current, size = [], 0
-        current.append(unit)
-        size += unit.nbytes
+        current += layer
+        size += layer_bytes
     if current:
         buckets.append(current)
     return buckets, bucket_bytes
