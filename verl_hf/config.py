@@ -26,7 +26,7 @@ from .algorithms import ADVANTAGE_ESTIMATORS, KL_CONTROLLERS, KL_KINDS, LOSS_AGG
 
 logger = logging.getLogger(__name__)
 
-ROLLOUT_ENGINES = ("hf",)
+ROLLOUT_ENGINES = ("hf", "vllm")
 HF_ENGINE_WEIGHTS = ("auto", "shared", "copy")
 ROLLOUT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Estimators whose baseline comes from the other samples of the same prompt.
@@ -83,6 +83,17 @@ class VerlConfig(TrainingArguments):
         metadata=_help("Seed each prompt's samples by (seed, step, the prompt's place in the global round): results "
                        "then do not depend on batch composition or the number of processes (HF engine: Gumbel-max "
                        "sampling, a little slower)."),
+    )
+    vllm_gpu_memory_utilization: float = field(
+        default=0.3, metadata=_help("vLLM: share of GPU memory for its weights and KV cache (colocated with training).")
+    )
+    vllm_kv_cache_mb: int | None = field(
+        default=None,
+        metadata=_help("vLLM: KV cache size per process in MB (overrides vllm_gpu_memory_utilization). Default on "
+                       "machines without a GPU: 256 (vLLM would otherwise take most of the RAM)."),
+    )
+    vllm_max_model_len: int | None = field(
+        default=None, metadata=_help("vLLM: longest sequence; default max_prompt_length + max_response_length.")
     )
     rollout_dtype: str = field(
         default="auto",
@@ -288,6 +299,8 @@ def _check_ranges(cfg: VerlConfig) -> None:
          "must be in [0, max_response_length)"),
         ("dynamic_sampling_max_rounds", cfg.dynamic_sampling_max_rounds >= 0, "must be >= 0"),
         ("sync_bucket_mb", cfg.sync_bucket_mb > 0, "must be > 0"),
+        ("vllm_gpu_memory_utilization", 0 < cfg.vllm_gpu_memory_utilization <= 1, "must be in (0, 1]"),
+        ("vllm_kv_cache_mb", cfg.vllm_kv_cache_mb is None or cfg.vllm_kv_cache_mb > 0, "must be > 0"),
     ]
     for name, ok, fix in checks:
         if not ok:
@@ -298,6 +311,9 @@ def _check_ranges(cfg: VerlConfig) -> None:
     if cfg.kl_coef == 0 and (cfg.use_kl_in_reward or cfg.kl_controller != "fixed"):
         raise ValueError(f"kl_coef=0 turns KL off, so use_kl_in_reward={cfg.use_kl_in_reward} / "
                          f"kl_controller={cfg.kl_controller!r} would do nothing; set kl_coef > 0 (e.g. 0.01).")
+    if cfg.rollout_engine == "vllm" and cfg.sync_verify:
+        raise ValueError("sync_verify compares weights by HF name, but vLLM keeps fused weights; use it with "
+                         "rollout_engine='hf' (vLLM is checked by its log-probs, tests/test_rollout_vllm.py).")
     if cfg.dynamic_sampling and cfg.num_generations < 2:
         raise ValueError("dynamic_sampling drops groups whose rewards are all equal; it needs num_generations >= 2.")
     if cfg.adv_estimator in GROUP_ESTIMATORS and cfg.num_generations < 2:

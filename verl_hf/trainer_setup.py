@@ -150,6 +150,8 @@ def make_engine(trainer, args: VerlConfig):
     from .rollout import HFGenerateEngine
 
     model, tokenizer = trainer.model, trainer.processing_class
+    if args.rollout_engine == "vllm":
+        return make_vllm_engine(model, tokenizer, args)
     form = args.rollout_hf_weights
     if form == "auto":
         form = "copy" if zero_stage(trainer) == 3 else "shared"
@@ -161,6 +163,26 @@ def make_engine(trainer, args: VerlConfig):
         return HFGenerateEngine(model, tokenizer.pad_token_id, eos)
     dtype = None if args.rollout_dtype == "auto" else getattr(torch, args.rollout_dtype)
     return HFGenerateEngine.inference_copy(model, tokenizer.pad_token_id, eos, dtype=dtype, device=args.device)
+
+
+def make_vllm_engine(model, tokenizer, args: VerlConfig):
+    """A colocated vLLM engine for this process, sized from VerlConfig; filled by the weight sync."""
+    from .roles.actor import eos_token_ids
+    from .rollout.vllm_engine import VLLMEngine
+
+    if args.world_size > 1:
+        raise NotImplementedError("rollout_engine='vllm' runs in one process for now (several processes arrive "
+                                  "with vLLM's external_launcher support); use rollout_engine='hf' under "
+                                  "accelerate launch meanwhile.")
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    kv_mb = args.vllm_kv_cache_mb or (None if torch.cuda.is_available() else 256)
+    dtype = next(base.parameters()).dtype if args.rollout_dtype == "auto" else getattr(torch, args.rollout_dtype)
+    return VLLMEngine(
+        base.config, tokenizer.pad_token_id, eos_token_ids(model, tokenizer), dtype=dtype, seed=args.seed,
+        max_model_len=args.vllm_max_model_len or args.max_prompt_length + args.max_response_length,
+        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+        kv_cache_memory_bytes=kv_mb * 2**20 if kv_mb else None,
+    )
 
 
 def make_weight_sync(args: VerlConfig):

