@@ -44,6 +44,20 @@ def test_vllm_per_prompt_seeds_do_not_depend_on_the_batch(figures):
     assert figures["row_seeds_independent"]
 
 
+def test_vllm_start_up_errors_name_the_fix(figures):
+    assert "raise vllm_kv_cache_mb" in figures["kv_cache_error"], figures["kv_cache_error"]
+    assert "exceeds the model's max_position_embeddings=128" in figures["max_len_error"], figures["max_len_error"]
+
+
+def test_tensor_parallel_size_must_divide_the_processes(tmp_path, warm_start_dir, addition):
+    from conftest import small_config
+    from verl_hf import VerlTrainer
+
+    args = small_config(tmp_path, rollout_engine="vllm", rollout_tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="rollout_tensor_parallel_size=2 must divide the number of processes"):
+        VerlTrainer(model=warm_start_dir, args=args, train_dataset=addition[0])
+
+
 def test_vllm_config_errors(tmp_path):
     from verl_hf import VerlConfig
 

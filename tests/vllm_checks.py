@@ -55,5 +55,16 @@ whole, part = engine.generate(prompts[:4], seeded), engine.generate(prompts[2:4]
 width = part.response_ids.shape[1]
 figures["row_seeds_independent"] = torch.equal(whole.response_ids[6:, :width], part.response_ids)
 
+# 5. Clear errors before or instead of vLLM's own: a KV cache too small for one sequence, a length beyond the model.
+from verl_hf.rollout.vllm_engine import VLLMEngine  # noqa: E402
+
+for name, kwargs in (("kv_cache_error", dict(max_model_len=128, kv_cache_memory_bytes=2**16)),
+                     ("max_len_error", dict(max_model_len=4096, kv_cache_memory_bytes=2**26))):
+    try:
+        VLLMEngine(trainer.model.config, 0, [1], **kwargs)
+        figures[name] = "no error"
+    except ValueError as e:
+        figures[name] = str(e)
+
 Path(sys.argv[1]).write_text(json.dumps(figures))
 print(json.dumps(figures))

@@ -41,6 +41,10 @@ class VLLMEngine:
                  distributed: bool = False, enforce_eager: bool = True):
         """`config`: the policy's HF config. `distributed`: one engine per process under torchrun/accelerate
         (vLLM's external_launcher)."""
+        limit = getattr(config, "max_position_embeddings", None)
+        if limit is not None and max_model_len > limit:
+            raise ValueError(f"vllm_max_model_len={max_model_len} (default max_prompt_length + max_response_length) "
+                             f"exceeds the model's max_position_embeddings={limit}; shorten prompts or responses.")
         vllm = import_vllm()
         self.pad_token_id, self.eos_token_ids, self.dtype = pad_token_id, list(eos_token_ids), dtype
         self._config_dir = tempfile.TemporaryDirectory(prefix="verl_hf_vllm_")
@@ -55,7 +59,10 @@ class VLLMEngine:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         if distributed:
             kwargs["distributed_executor_backend"] = "external_launcher"
-        self.llm = vllm.LLM(**kwargs)
+        try:
+            self.llm = vllm.LLM(**kwargs)
+        except (ValueError, RuntimeError, NotImplementedError) as e:
+            raise _explained(e, config, max_model_len, kv_cache_memory_bytes) from e
         self._names, self._tied = _hf_weight_names(config)
         self._tp_group = _tensor_parallel_group(tensor_parallel_size) if tensor_parallel_size > 1 else None
 
@@ -128,6 +135,25 @@ def _hf_weight_names(config) -> tuple[list[str], dict[str, str]]:
         else:
             first[id(param)] = name
     return list(first.values()), tied
+
+
+def _explained(error: Exception, config, max_model_len: int, kv_bytes: int | None) -> Exception:
+    """vLLM's start-up error with the VerlConfig field that fixes it."""
+    said = str(error)
+    lowered = said.lower()
+    if "cache blocks" in lowered or "kv cache" in lowered:
+        size = f"{kv_bytes / 2**20:.0f} MB" if kv_bytes else "the vllm_gpu_memory_utilization share"
+        return ValueError(f"vLLM's KV cache ({size}) cannot hold a sequence of vllm_max_model_len={max_model_len}: "
+                          f"raise vllm_kv_cache_mb (machines without a GPU) or vllm_gpu_memory_utilization, or lower "
+                          f"vllm_max_model_len. vLLM said: {said}")
+    if "head size" in lowered or "head_size" in lowered or "head_dim" in lowered:
+        head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return ValueError(f"vLLM's attention backend rejects head size {head} (the CPU backend needs e.g. 64 or "
+                          f"128); use rollout_engine='hf' for this model. vLLM said: {said}")
+    if "architecture" in lowered and "not supported" in lowered:
+        return ValueError(f"vLLM does not support {getattr(config, 'architectures', None)}; use rollout_engine='hf'. "
+                          f"vLLM said: {said}")
+    return error
 
 
 def _tensor_parallel_group(size: int):
