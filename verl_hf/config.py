@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
-from .algorithms import ADVANTAGE_ESTIMATORS, KL_CONTROLLERS, KL_KINDS, LOSS_AGG_MODES, POLICY_LOSSES
+from .algorithms import ADVANTAGE_ESTIMATORS, IS_LEVELS, IS_MODES, KL_CONTROLLERS, KL_KINDS, LOSS_AGG_MODES, POLICY_LOSSES
 
 logger = logging.getLogger(__name__)
 
@@ -179,6 +179,19 @@ class VerlConfig(TrainingArguments):
         metadata=_help("Extra scalars for the chosen policy loss, e.g. {\"tau_pos\": 1.0} for sapo (JSON on the "
                        "command line); see each loss's docstring in verl_hf.algorithms."),
     )
+    rollout_is: str | None = field(
+        default=None,
+        metadata=_help("Importance-sampling correction of the rollout/training mismatch: 'token' or 'sequence' "
+                       "weights pi_old / pi_rollout on the advantages (any policy loss); None: off."),
+    )
+    rollout_is_mode: str = field(
+        default="truncate", metadata=_help("'truncate' caps weights at rollout_is_threshold (TIS); 'mask' drops "
+                                           "tokens/sequences outside [rollout_is_threshold_low, rollout_is_threshold].")
+    )
+    rollout_is_threshold: float = field(default=2.0, metadata=_help("Upper bound of the IS weight (> 1)."))
+    rollout_is_threshold_low: float | None = field(
+        default=None, metadata=_help("Lower bound of the IS weight in 'mask' mode; default 1 / rollout_is_threshold.")
+    )
     gamma: float = field(default=1.0, metadata=_help("Discount for GAE and REINFORCE++ returns."))
     lam: float = field(default=0.95, metadata=_help("GAE lambda (PPO)."))
 
@@ -273,6 +286,11 @@ def _check_names(cfg: VerlConfig) -> None:
     _one_of("kl_controller", cfg.kl_controller, KL_CONTROLLERS)
     _one_of("rollout_hf_weights", cfg.rollout_hf_weights, HF_ENGINE_WEIGHTS)
     _one_of("rollout_dtype", cfg.rollout_dtype, ROLLOUT_DTYPES)
+    if cfg.rollout_is in ("none", "None", ""):
+        cfg.rollout_is = None
+    if cfg.rollout_is is not None:
+        _one_of("rollout_is", cfg.rollout_is, IS_LEVELS)
+    _one_of("rollout_is_mode", cfg.rollout_is_mode, IS_MODES)
 
 
 def _check_ranges(cfg: VerlConfig) -> None:
@@ -303,6 +321,9 @@ def _check_ranges(cfg: VerlConfig) -> None:
         ("dynamic_sampling_max_rounds", cfg.dynamic_sampling_max_rounds >= 0, "must be >= 0"),
         ("sync_bucket_mb", cfg.sync_bucket_mb > 0, "must be > 0"),
         ("rollout_tensor_parallel_size", cfg.rollout_tensor_parallel_size >= 1, "must be >= 1"),
+        ("rollout_is_threshold", cfg.rollout_is_threshold > 1, "must be > 1 (weights above it are capped or masked)"),
+        ("rollout_is_threshold_low", cfg.rollout_is_threshold_low is None
+         or 0 <= cfg.rollout_is_threshold_low < 1, "must be in [0, 1)"),
         ("vllm_gpu_memory_utilization", 0 < cfg.vllm_gpu_memory_utilization <= 1, "must be in (0, 1]"),
         ("vllm_kv_cache_mb", cfg.vllm_kv_cache_mb is None or cfg.vllm_kv_cache_mb > 0, "must be > 0"),
     ]

@@ -22,7 +22,7 @@ from transformers.trainer_utils import speed_metrics
 
 from . import trainer_setup as setup
 from .algorithms import agg_loss, get_advantage_estimator, get_policy_loss, kl_penalty, masked_mean
-from .algorithms import place_outcome_rewards, value_loss
+from .algorithms import place_outcome_rewards, rollout_is_weights, value_loss
 from .batch import RolloutBatch, concat_batches
 from .data import RoundBatchSampler, RoundDataLoader, keep_rows, prepare_prompts
 from .metrics import accuracy_metric
@@ -156,7 +156,8 @@ class VerlTrainer(Trainer):
         args = self.args
         return dict(max_new_tokens=args.max_response_length, temperature=args.temperature, top_p=args.top_p,
                     top_k=args.top_k, num_return_sequences=args.num_generations if train else args.eval_num_generations,
-                    do_sample=True if train else args.eval_do_sample, return_logprobs=False)
+                    do_sample=True if train else args.eval_do_sample,
+                    return_logprobs=train and args.rollout_is is not None)
 
     def _score(self, batch: RolloutBatch) -> RolloutBatch:
         with self._timer("reward"):
@@ -361,8 +362,8 @@ class VerlTrainer(Trainer):
         old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
         clips = {k: getattr(args, k) for k in ("clip_ratio_low", "clip_ratio_high") if getattr(args, k) is not None}
         loss, metrics = self.policy_loss_fn(
-            old, logprobs, mb.advantages, mask, loss_agg_mode=args.loss_agg_mode, clip_ratio_c=args.clip_ratio_c,
-            **clips, **norms, **args.policy_loss_kwargs,
+            old, logprobs, self._corrected_advantages(mb, old), mask, loss_agg_mode=args.loss_agg_mode,
+            clip_ratio_c=args.clip_ratio_c, **clips, **norms, **args.policy_loss_kwargs,
         )
         self._record({f"actor/{k}": v for k, v in metrics.items()})
         if entropy is not None:
@@ -377,6 +378,18 @@ class VerlTrainer(Trainer):
         if args.entropy_coef:
             loss = loss - args.entropy_coef * agg_loss(entropy, mask, args.loss_agg_mode, **norms)
         return loss
+
+    def _corrected_advantages(self, mb: RolloutBatch, old_logprobs: torch.Tensor) -> torch.Tensor:
+        """With `rollout_is`: advantages x the truncated/masked weights pi_old / pi_rollout (see
+        algorithms/rollout_correction.py for why weighting the advantages is the same gradient)."""
+        args = self.args
+        if args.rollout_is is None:
+            return mb.advantages
+        weights, metrics = rollout_is_weights(old_logprobs, mb.rollout_logprobs, mb.response_mask, args.rollout_is,
+                                              args.rollout_is_mode, args.rollout_is_threshold,
+                                              args.rollout_is_threshold_low)
+        self._record(metrics)
+        return mb.advantages * weights
 
     def _accumulate_kl(self, kl, mask) -> None:
         """Token-weighted KL of this round's updates; samples = the round's rows (not x ppo_epochs)."""

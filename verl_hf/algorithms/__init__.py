@@ -35,6 +35,7 @@ from .kl import KL_KINDS, kl_penalty
 from .losses import LOSS_AGG_MODES, agg_loss, ppo_clip_loss, reinforce_loss, value_loss
 from .advantages import gae_advantages, grpo_advantages, remax_advantages, rloo_advantages
 from . import policy_losses  # noqa: F401  (registers gspo, sapo, cispo, gpg, clip_cov, kl_cov, geo_mean)
+from .rollout_correction import IS_LEVELS, IS_MODES, rollout_is_weights
 from .kl_control import KL_CONTROLLERS, AdaptiveKLController, FixedKLController, PIDKLController, make_kl_controller
 
 __all__ = [
@@ -67,4 +68,7 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "place_outcome_rewards",
+    "IS_LEVELS",
+    "IS_MODES",
+    "rollout_is_weights",
 ]
