@@ -63,6 +63,11 @@ def test_vllm_config_errors(tmp_path):
 
     with pytest.raises(ValueError, match="sync_verify compares weights by HF name"):
         VerlConfig(output_dir=str(tmp_path), rollout_engine="vllm", sync_verify=True, use_cpu=True)
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="vllm_sleep_level needs a GPU"):
+            VerlConfig(output_dir=str(tmp_path), rollout_engine="vllm", vllm_sleep_level=1, use_cpu=True)
     with pytest.raises(ValueError, match="vllm_gpu_memory_utilization=1.5"):
         VerlConfig(output_dir=str(tmp_path), rollout_engine="vllm", vllm_gpu_memory_utilization=1.5, use_cpu=True)
 

@@ -95,6 +95,11 @@ class VerlConfig(TrainingArguments):
         metadata=_help("vLLM: KV cache size per process in MB (overrides vllm_gpu_memory_utilization). Default on "
                        "machines without a GPU: 256 (vLLM would otherwise take most of the RAM)."),
     )
+    vllm_sleep_level: int = field(
+        default=0,
+        metadata=_help("vLLM sleep mode (GPU only): after each rollout, 1 offloads the engine's weights and drops "
+                       "its KV cache, 2 drops both, so the update gets the memory; the next sync wakes it. 0: off."),
+    )
     vllm_max_model_len: int | None = field(
         default=None, metadata=_help("vLLM: longest sequence; default max_prompt_length + max_response_length.")
     )
@@ -255,11 +260,23 @@ def _apply_cpu_deepspeed_fix(cfg: "VerlConfig") -> None:
         return
     os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    # DeepSpeed's CPU shared-memory all-reduce (deepspeed_shm_comm) has a start-up race: a rank maps its peer's
+    # buffer as soon as the name exists, before the peer has written it (shm.cpp, shared_create/shared_open);
+    # we saw a rank abort (SIGABRT) in about 1 of 10 two-process starts. Plain gloo collectives instead.
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     from accelerate import PartialState
 
     PartialState(backend="gloo")
     if cfg.accelerator_config is None or isinstance(cfg.accelerator_config, dict):
         cfg.accelerator_config = {**(cfg.accelerator_config or {}), "use_configured_state": True}
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _parse_json_dict(name: str, text: str) -> dict:
@@ -336,6 +353,11 @@ def _check_ranges(cfg: VerlConfig) -> None:
     if cfg.kl_coef == 0 and (cfg.use_kl_in_reward or cfg.kl_controller != "fixed"):
         raise ValueError(f"kl_coef=0 turns KL off, so use_kl_in_reward={cfg.use_kl_in_reward} / "
                          f"kl_controller={cfg.kl_controller!r} would do nothing; set kl_coef > 0 (e.g. 0.01).")
+    if cfg.vllm_sleep_level not in (0, 1, 2):
+        raise ValueError(f"vllm_sleep_level={cfg.vllm_sleep_level} must be 0 (off), 1 or 2.")
+    if cfg.rollout_engine == "vllm" and cfg.vllm_sleep_level and not _has_gpu():
+        raise ValueError("vllm_sleep_level needs a GPU (vLLM's sleep mode is CUDA/ROCm/XPU only); set "
+                         "vllm_sleep_level=0 on this machine.")
     if cfg.rollout_engine == "vllm" and cfg.sync_verify:
         raise ValueError("sync_verify compares weights by HF name, but vLLM keeps fused weights; use it with "
                          "rollout_engine='hf' (vLLM is checked by its log-probs, tests/test_rollout_vllm.py).")

@@ -108,6 +108,7 @@ class VerlTrainer(Trainer):
             batch = self._add_values(batch)                     # 3c. critic values (PPO)
             batch = self._compute_advantages(batch)             # 4. advantages (pure math)
             self._round = self._plan_micro_batches(batch)
+            self._free_engine_memory()                          # 4b. vLLM sleep mode: memory to the update
         micro_batch = self._round[self._micro_step % self.args.micro_steps_per_round]
         self._micro_step += 1
         return self._update(model, micro_batch)                 # 5. losses and backward
@@ -127,6 +128,12 @@ class VerlTrainer(Trainer):
         with self._timer("sync"):
             metrics = self.actor.sync_weights()
         self._record(metrics)
+
+    def _free_engine_memory(self) -> None:
+        """An engine with a sleep mode releases its memory for the updates; the next sync wakes it (the
+        updates change the weights, so a sync always comes before the next generation)."""
+        if hasattr(self.actor.engine, "sleep"):
+            self.actor.engine.sleep()
 
     def _rollout(self, rows: list[dict], train: bool = True) -> RolloutBatch:
         with self._timer("rollout"):

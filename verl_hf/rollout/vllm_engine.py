@@ -38,9 +38,10 @@ class VLLMEngine:
     def __init__(self, config, pad_token_id: int, eos_token_ids: list[int], *, max_model_len: int,
                  dtype: torch.dtype = torch.float32, seed: int = 0, gpu_memory_utilization: float = 0.3,
                  kv_cache_memory_bytes: int | None = None, tensor_parallel_size: int = 1,
-                 distributed: bool = False, enforce_eager: bool = True):
+                 distributed: bool = False, enforce_eager: bool = True, sleep_level: int = 0):
         """`config`: the policy's HF config. `distributed`: one engine per process under torchrun/accelerate
-        (vLLM's external_launcher)."""
+        (vLLM's external_launcher). `sleep_level` 1 or 2 (GPU only): `sleep()` frees the engine's memory for
+        the update (1: weights offloaded, KV cache dropped; 2: both dropped), the next sync wakes it."""
         limit = getattr(config, "max_position_embeddings", None)
         if limit is not None and max_model_len > limit:
             raise ValueError(f"vllm_max_model_len={max_model_len} (default max_prompt_length + max_response_length) "
@@ -59,6 +60,9 @@ class VLLMEngine:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         if distributed:
             kwargs["distributed_executor_backend"] = "external_launcher"
+        if sleep_level:
+            kwargs["enable_sleep_mode"] = True
+        self.sleep_level, self.asleep = sleep_level, False
         try:
             self.llm = vllm.LLM(**kwargs)
         except (ValueError, RuntimeError, NotImplementedError) as e:
@@ -70,6 +74,17 @@ class VLLMEngine:
     def weight_names(self) -> list[str]:
         return self._names
 
+    def sleep(self) -> None:
+        """Free the engine's GPU memory while training updates (no-op without a sleep level)."""
+        if self.sleep_level and not self.asleep:
+            self.llm.sleep(level=self.sleep_level)
+            self.asleep = True
+
+    def prepare_for_weights(self) -> None:
+        # vLLM's documented order for RL: weights first, push, then the KV cache (finish_sync).
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])
+
     def load_weights(self, named_tensors) -> None:
         """One bucket of (HF name, tensor); buckets hold whole layers (vLLM fuses weights within a layer)."""
         named_tensors = list(named_tensors)
@@ -79,6 +94,9 @@ class VLLMEngine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
 
     def finish_sync(self) -> None:
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 
     def get_weights(self, names):

@@ -51,6 +51,8 @@ class WeightSync:
         buckets, self.bucket_bytes = plan_buckets(units, self.bucket_bytes)
         device = next(model.parameters()).device
         started, pushed = time.perf_counter(), 0
+        if self.owns_engine and hasattr(engine, "prepare_for_weights"):
+            engine.prepare_for_weights()
         with PeakMemory(device) as peak:
             for bucket in buckets:
                 with bucket_tensors(bucket, device, dst=self.owner_rank) as tensors:

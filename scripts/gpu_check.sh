@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# GPU check for a single-H200 machine (the device tool): the official vLLM colocated with DeepSpeed ZeRO-3,
+# sleep mode on, a ~0.5B-parameter Llama built from a config (no download), 20 GRPO steps of the demo task.
+# Reports generation tokens/s, sync seconds and GB/s, and GPU memory; aims to finish within 8 minutes.
+#
+#   bash scripts/gpu_check.sh            # from the repository root, on the GPU machine
+#
+# It needs torch (CUDA), transformers, accelerate, peft, datasets, deepspeed and the official vllm already
+# installed there (the machine reaches no package registry); it says which are missing and stops.
+set -euo pipefail
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+PY=${PYTHON:-python3}
+OUT=${OUT:-/tmp/verl_hf_gpu_check}
+mkdir -p "$OUT"
+START=$(date +%s)
+
+echo "== environment"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || { echo "no GPU"; exit 1; }
+$PY - <<'PYEOF'
+import importlib
+missing = []
+for name in ("torch", "transformers", "accelerate", "peft", "datasets", "deepspeed", "vllm", "evaluate"):
+    try:
+        print(f"{name:14s}", getattr(importlib.import_module(name), "__version__", "?"))
+    except Exception as e:  # noqa: BLE001
+        missing.append(f"{name} ({type(e).__name__})")
+if missing:
+    raise SystemExit(f"missing: {', '.join(missing)}")
+PYEOF
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+echo "== a ~0.5B Llama from a config, with the demo's character tokenizer"
+$PY - "$OUT/model" <<'PYEOF'
+import sys, torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from verl_hf.demo import WARM_START_DIR
+tok = AutoTokenizer.from_pretrained(str(WARM_START_DIR))
+config = LlamaConfig(vocab_size=len(tok), hidden_size=1536, intermediate_size=4096, num_hidden_layers=16,
+                     num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=256,
+                     bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                     tie_word_embeddings=True, torch_dtype="bfloat16")
+torch.manual_seed(0)
+model = LlamaForCausalLM(config).to(torch.bfloat16)
+print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters")
+model.save_pretrained(sys.argv[1]); tok.save_pretrained(sys.argv[1])
+PYEOF
+
+echo "== GRPO, ZeRO-3 (1 process), colocated vLLM with sleep mode"
+$PY -m accelerate.commands.launch --config_file examples/accelerate/zero3.yaml --num_processes 1 \
+    --mixed_precision bf16 -m verl_hf.cli train examples/configs/demo.yaml \
+    --model_name_or_path "$OUT/model" --output_dir "$OUT/run" --use_cpu false --bf16 true \
+    --rollout_engine vllm --vllm_sleep_level 1 --vllm_gpu_memory_utilization 0.4 \
+    --max_steps 20 --logging_steps 5 --eval_strategy no --save_strategy no \
+    --per_device_train_batch_size 64 --gradient_accumulation_steps 2 --max_response_length 32 \
+    2>&1 | tee "$OUT/train.log" | grep -E "Error|error|RL:|Traceback" | tail -20 || true
+
+echo "== figures"
+$PY - "$OUT/run/log_history.json" <<'PYEOF'
+import json, sys
+logs = [h for h in json.load(open(sys.argv[1])) if "time/rollout" in h]
+mean = lambda k: sum(h[k] for h in logs if k in h) / max(sum(k in h for h in logs), 1)
+for key in ("rollout/tokens_per_s", "time/rollout", "time/sync", "sync/seconds", "sync/gb_per_s",
+            "sync/peak_extra_mb", "time/update", "reward/mean"):
+    print(f"{key:24s} {mean(key):.4f}")
+PYEOF
+nvidia-smi --query-gpu=memory.used,memory.total --format=csv
+echo "== done in $(( $(date +%s) - START )) s"
