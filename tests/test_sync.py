@@ -182,3 +182,14 @@ def test_rollout_dtype_needs_an_engine_copy(tmp_path, warm_start_dir, addition):
         small_config(tmp_path, rollout_hf_weights="cpoy")
     with pytest.raises(ValueError, match="sync_bucket_mb=0"):
         small_config(tmp_path, sync_bucket_mb=0)
+
+
+def test_auto_rollout_dtype_follows_mixed_precision(tmp_path, policy):
+    import dataclasses
+
+    from verl_hf.trainer_setup import rollout_dtype
+
+    args = small_config(tmp_path)
+    assert rollout_dtype(args, policy) == torch.float32
+    assert rollout_dtype(dataclasses.replace(args, bf16=True), policy) == torch.bfloat16
+    assert rollout_dtype(dataclasses.replace(args, rollout_dtype="float16"), policy) == torch.float16

@@ -105,7 +105,8 @@ class VerlConfig(TrainingArguments):
     )
     rollout_dtype: str = field(
         default="auto",
-        metadata=_help(f"dtype of the engine's weights {ROLLOUT_DTYPES}; 'auto' = the training weights' dtype."),
+        metadata=_help(f"dtype of the engine's weights {ROLLOUT_DTYPES}; 'auto' = bfloat16/float16 under bf16/fp16 "
+                       f"mixed precision, else the training weights' dtype."),
     )
 
     # ----- weight sync (training weights -> rollout engine) -----

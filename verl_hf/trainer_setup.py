@@ -161,8 +161,20 @@ def make_engine(trainer, args: VerlConfig):
             raise ValueError(f"rollout_dtype={args.rollout_dtype!r} needs an engine with its own weights; set "
                              f"rollout_hf_weights='copy' (or leave rollout_dtype='auto').")
         return HFGenerateEngine(model, tokenizer.pad_token_id, eos)
-    dtype = None if args.rollout_dtype == "auto" else getattr(torch, args.rollout_dtype)
+    dtype = rollout_dtype(args, model)
     return HFGenerateEngine.inference_copy(model, tokenizer.pad_token_id, eos, dtype=dtype, device=args.device)
+
+
+def rollout_dtype(args: VerlConfig, model) -> torch.dtype:
+    """The engine's weight dtype: as configured; for 'auto' the mixed-precision dtype when training uses one
+    (the forward passes already compute in it, and the copy takes half the memory), else the weights' own."""
+    if args.rollout_dtype != "auto":
+        return getattr(torch, args.rollout_dtype)
+    if args.bf16:
+        return torch.bfloat16
+    if args.fp16:
+        return torch.float16
+    return next(model.parameters()).dtype
 
 
 def make_vllm_engine(model, tokenizer, args: VerlConfig):
@@ -176,7 +188,7 @@ def make_vllm_engine(model, tokenizer, args: VerlConfig):
                          f"({args.world_size}); e.g. {args.world_size} or 1.")
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     kv_mb = args.vllm_kv_cache_mb or (None if torch.cuda.is_available() else 256)
-    dtype = next(base.parameters()).dtype if args.rollout_dtype == "auto" else getattr(torch, args.rollout_dtype)
+    dtype = rollout_dtype(args, base)
     return VLLMEngine(
         base.config, tokenizer.pad_token_id, eos_token_ids(model, tokenizer), dtype=dtype,
         seed=args.seed + args.process_index // tp,  # one seed per data-parallel rank, shared inside a TP group
