@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, T
 from .config import VerlConfig
 from .rewards import resolve_reward_funcs
 from .roles import Critic, ReferencePolicy, RewardModel
+from .sync.gather import is_zero3
 
 logger = logging.getLogger(__name__)
 
@@ -248,7 +249,7 @@ def zero3_reference(trainer, ref_policy, args: VerlConfig) -> ReferencePolicy:
         path = policy_path(trainer.model)
     if path is not None:
         model = AutoModelForCausalLM.from_pretrained(path)
-    elif any(hasattr(p, "ds_id") for p in ref_policy.parameters()):
+    elif is_zero3(ref_policy):
         model = ref_policy
     else:
         raise ValueError("under ZeRO-3 the KL reference is loaded from a path: pass ref_policy='<id or path>' "

@@ -13,7 +13,6 @@ See it work: tests/test_rollout_hf.py.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 
 import torch
@@ -45,7 +44,7 @@ class HFGenerateEngine:
     @classmethod
     def inference_copy(cls, training_model, pad_token_id: int, eos_token_ids: list[int], dtype=None, device=None):
         """An engine with its own plain copy of `training_model`'s architecture (PEFT and DeepSpeed wrappers
-        ignored), in `dtype` (default: the training weights' dtype). Its weights are random until the first sync."""
+        ignored), in `dtype` (default: the training weights' dtype). Its weights are zeros until the first sync."""
         base = training_model.get_base_model() if hasattr(training_model, "get_base_model") else training_model
         first = next(base.parameters())
         dtype = dtype or first.dtype
@@ -146,12 +145,9 @@ class HFGenerateEngine:
 def _whole_model(model):
     """Under DeepSpeed ZeRO-3 gather every parameter once for the whole generate call; otherwise the
     partitioned layers would be gathered again for every generated token. Elsewhere a no-op."""
-    params = list(model.parameters())
-    if not any(hasattr(p, "ds_id") for p in params):
-        return contextlib.nullcontext()
-    import deepspeed
+    from ..sync.gather import gathered_params
 
-    return deepspeed.zero.GatheredParameters(params)
+    return gathered_params(list(model.parameters()))
 
 
 class _SeededSampler:

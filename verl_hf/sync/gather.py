@@ -40,14 +40,41 @@ class Unit:
     def nbytes(self) -> int:
         return sum(full_numel(p) * p.element_size() for _, p in self.params)
 
+    def engine_names(self) -> list[str]:
+        """The engine names this unit pushes, in order: a LoRA module's merged weight (and bias), else one
+        per parameter."""
+        if not self.lora:
+            return [engine_name(f"{self.name}.{n}" if self.name else n) for n, _ in self.params]
+        has_bias = getattr(self.module.get_base_layer(), "bias", None) is not None
+        return [engine_name(f"{self.name}.{n}") for n in ("weight", "bias")[: 1 + has_bias]]
+
 
 def full_numel(p: torch.Tensor) -> int:
     """Elements of the whole tensor, also for a ZeRO-3 partition (whose own numel() is 0)."""
     return getattr(p, "ds_numel", p.numel())
 
 
-def is_zero3(model: torch.nn.Module) -> bool:
-    return any(hasattr(p, "ds_id") for p in model.parameters())
+def is_zero3(model_or_params) -> bool:
+    """True when any parameter (of a module, or in an iterable) is a DeepSpeed ZeRO-3 partition."""
+    params = model_or_params.parameters() if isinstance(model_or_params, torch.nn.Module) else model_or_params
+    return any(hasattr(p, "ds_id") for p in params)
+
+
+def process_rank() -> int:
+    """This process's global rank; 0 without torch.distributed."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def gathered_params(params: list[torch.Tensor]):
+    """A context in which ZeRO-3 parameters hold their full tensors (DeepSpeed's GatheredParameters, one
+    all-gather); a no-op for ordinary parameters."""
+    if not is_zero3(params):
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
 
 
 def _is_lora(module) -> bool:
@@ -160,17 +187,14 @@ def bucket_tensors(units: list[Unit], device, dst: int | None = None):
     """(engine name, full tensor) pairs of a bucket, in unit order, valid inside the block. With `dst`, only
     that rank gets ZeRO-3 partitions (the others get an empty list); LoRA modules and offloaded partitions go
     through DeepSpeed's GatheredParameters, which gathers on every rank."""
-    import torch.distributed as dist
-
     direct = [u for u in units if not u.lora and u.params and all(_partition_gatherable(p) for _, p in u.params)]
-    receives = dst is None or (dist.get_rank() if dist.is_initialized() else 0) == dst
+    receives = dst is None or process_rank() == dst
     with gathered([u for u in units if u not in direct]):
         pairs = []
         for unit in units:
             if unit in direct:
-                full = [(engine_name(f"{unit.name}.{n}" if unit.name else n), gather_partitioned(p, device, dst=dst))
-                        for n, p in unit.params]
-                pairs += full if receives else []
+                full = [gather_partitioned(p, device, dst=dst) for _, p in unit.params]
+                pairs += list(zip(unit.engine_names(), full)) if receives else []
             elif receives:
                 pairs += unit_tensors(unit)
         try:
@@ -179,23 +203,15 @@ def bucket_tensors(units: list[Unit], device, dst: int | None = None):
             pairs.clear()  # the caller may still hold the list: free the bucket before the next one is gathered
 
 
-@contextlib.contextmanager
 def gathered(units: list[Unit]):
-    """Full tensors for the bucket's parameters while inside (ZeRO-3: one all-gather, released on exit)."""
-    params = [p for u in units for _, p in u.params]
-    if not any(hasattr(p, "ds_id") for p in params):
-        yield
-        return
-    import deepspeed
-
-    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-        yield
+    """Full tensors for the units' parameters while inside (ZeRO-3: one all-gather, released on exit)."""
+    return gathered_params([p for u in units for _, p in u.params])
 
 
 def unit_tensors(unit: Unit) -> list[tuple[str, torch.Tensor]]:
     """(engine name, full tensor) of a gathered unit; a LoRA module yields its merged weight and bias."""
     if not unit.lora:
-        return [(engine_name(f"{unit.name}.{n}" if unit.name else n), p.detach()) for n, p in unit.params]
+        return list(zip(unit.engine_names(), (p.detach() for _, p in unit.params)))
     module, base = unit.module, unit.module.get_base_layer()
     weight = base.weight.detach()
     if not module.disable_adapters and not module.merged:
@@ -206,20 +222,10 @@ def unit_tensors(unit: Unit) -> list[tuple[str, torch.Tensor]]:
                 raise NotImplementedError(f"{unit.name}: syncing DoRA / lora_bias adapters is not supported; "
                                           f"use plain LoRA or merge the adapter first.")
             weight = weight + module.get_delta_weight(adapter).to(weight.dtype)
-    out = [(engine_name(f"{unit.name}.weight"), weight)]
-    if getattr(base, "bias", None) is not None:
-        out.append((engine_name(f"{unit.name}.bias"), base.bias.detach()))
-    return out
+    tensors = [weight] + ([base.bias.detach()] if getattr(base, "bias", None) is not None else [])
+    return list(zip(unit.engine_names(), tensors))
 
 
 def engine_names(units: list[Unit]) -> list[str]:
     """The names a sync of these units pushes, computed without gathering anything."""
-    names = []
-    for unit in units:
-        if unit.lora:
-            base = unit.module.get_base_layer()
-            names += [engine_name(f"{unit.name}.weight")]
-            names += [engine_name(f"{unit.name}.bias")] if getattr(base, "bias", None) is not None else []
-        else:
-            names += [engine_name(f"{unit.name}.{n}" if unit.name else n) for n, _ in unit.params]
-    return names
+    return [name for unit in units for name in unit.engine_names()]

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from .gather import bucket_tensors, engine_names, gathered, plan_buckets, unit_tensors, weight_units
+from .gather import bucket_tensors, engine_names, gathered, plan_buckets, process_rank, unit_tensors, weight_units
 from .memory import PeakMemory
 from .names import check_names
 from .push import mismatched_weights, push_bucket
@@ -33,10 +33,7 @@ class WeightSync:
 
     @property
     def owns_engine(self) -> bool:
-        import torch.distributed as dist
-
-        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-        return self.owner_rank is None or self.owner_rank == rank
+        return self.owner_rank is None or self.owner_rank == process_rank()
 
     @classmethod
     def from_config(cls, args) -> "WeightSync":
