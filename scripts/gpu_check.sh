@@ -64,4 +64,26 @@ for key in ("rollout/tokens_per_s", "time/rollout", "time/sync", "sync/seconds",
     print(f"{key:24s} {mean(key):.4f}")
 PYEOF
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv
+
+echo "== server mode: verl-hf vllm-serve on the same GPU, 10 GRPO steps (ZeRO-3, 1 process)"
+# One GPU holds both the server and the trainer; NCCL refuses two ranks on one device, so this uses the
+# gloo transport (the NCCL one needs the server on other GPUs).
+$PY -m verl_hf.cli vllm-serve "$OUT/model" --port 8011 --host 127.0.0.1 --transfer verl_hf_gloo \
+    --gpu-memory-utilization 0.3 --max-model-len 256 > "$OUT/server.log" 2>&1 &
+SERVER=$!
+for _ in $(seq 1 120); do curl -sf http://127.0.0.1:8011/health > /dev/null && break; sleep 2; done
+$PY -m accelerate.commands.launch --config_file examples/accelerate/zero3.yaml --num_processes 1 \
+    --mixed_precision bf16 -m verl_hf.cli train examples/configs/demo.yaml \
+    --model_name_or_path "$OUT/model" --output_dir "$OUT/server_run" --use_cpu false --bf16 true \
+    --rollout_engine vllm_server --vllm_server_url http://127.0.0.1:8011 \
+    --max_steps 10 --logging_steps 5 --eval_strategy no --save_strategy no \
+    --per_device_train_batch_size 64 --gradient_accumulation_steps 2 --max_response_length 32 \
+    2>&1 | tee "$OUT/server_train.log" | grep -E "Error|error|Traceback" | tail -20 || true
+kill $SERVER || true
+$PY - "$OUT/server_run/log_history.json" <<'PYEOF' || echo "server mode: no log (see $OUT/server.log)"
+import json, sys
+logs = [h for h in json.load(open(sys.argv[1])) if "time/rollout" in h]
+for key in ("rollout/tokens_per_s", "sync/seconds", "sync/gb_per_s", "reward/mean"):
+    print(f"server {key:24s} {sum(h[key] for h in logs) / len(logs):.4f}")
+PYEOF
 echo "== done in $(( $(date +%s) - START )) s"

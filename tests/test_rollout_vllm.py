@@ -73,19 +73,20 @@ def test_vllm_config_errors(tmp_path):
 
 
 def test_vllm_under_two_processes_tensor_parallel_1_and_2(tmp_path):
-    """`accelerate launch`, 2 processes, one colocated vLLM per process (external_launcher): TP=1 (each rank its
-    own engine) and TP=2 (one engine sharded over both; prompts gathered inside the group, rows sliced back).
+    """`accelerate launch`, 2 processes, colocated vLLM (external_launcher): TP=1 under DDP (each rank its own
+    engine) and TP=2 under ZeRO-3 (one engine sharded over both, fed from gathered shards; prompts gathered
+    inside the group, rows sliced back).
     With per-prompt seeds the two layouts train identically, and both ranks agree; the held-out accuracy before
     training equals the HF engine's greedy result (0.315)."""
     from test_distributed import MODES, _run, _two_processes
 
     runs = {}
-    for tp in (1, 2):
+    for tp, mode in ((1, "ddp"), (2, "zero3")):
         out = tmp_path / f"tp{tp}"
-        _run(tmp_path, _two_processes(MODES["ddp"]), out,
+        _run(tmp_path, _two_processes(MODES[mode]), out,
              ["--max_steps", "4", "--eval_steps", "4", "--per_device_train_batch_size", "32", "--use_cpu", "false",
               "--rollout_engine", "vllm", "--rollout_tensor_parallel_size", str(tp), "--rollout_seed_per_prompt",
-              "true"], {"ACCELERATE_USE_CPU": "true"})
+              "true"], {"ACCELERATE_USE_CPU": "true"} if mode == "ddp" else {})
         runs[tp] = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     for tp, (rank0, rank1) in runs.items():
         assert rank0["steps"] == 4 and rank0["accuracy_before"] == 0.315, tp

@@ -1,4 +1,4 @@
-"""`verl-hf`: `train CONFIG.yaml [--field value ...]`, `demo [--field value ...]`, `env`.
+"""`verl-hf`: `train CONFIG.yaml [--field value ...]`, `demo [--field value ...]`, `env`, `vllm-serve MODEL`.
 
 A YAML file sets any `VerlConfig` / `ScriptArguments` field; flags after it override single fields.
 `verl-hf demo` is `verl-hf train` on the packaged demo config (examples/configs/demo.yaml).
@@ -93,7 +93,7 @@ def env_report() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = "usage: verl-hf {train CONFIG.yaml | demo | env} [--field value ...]"
+    usage = "usage: verl-hf {train CONFIG.yaml | demo | env | vllm-serve MODEL} [--field value ...]"
     if not argv or argv[0] in ("-h", "--help"):
         print(usage + "\n\n" + __doc__.split("\n\n")[1])
         return 0
@@ -101,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     if command == "env":
         print(env_report())
         return 0
+    if command == "vllm-serve":
+        from .rollout.vllm_serve import main as serve
+
+        return serve(rest)
     if command == "train":
         if not rest or rest[0].startswith("-"):
             if rest and rest[0] in ("-h", "--help"):

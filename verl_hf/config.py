@@ -26,7 +26,7 @@ from .algorithms import ADVANTAGE_ESTIMATORS, IS_LEVELS, IS_MODES, KL_CONTROLLER
 
 logger = logging.getLogger(__name__)
 
-ROLLOUT_ENGINES = ("hf", "vllm")
+ROLLOUT_ENGINES = ("hf", "vllm", "vllm_server")
 HF_ENGINE_WEIGHTS = ("auto", "shared", "copy")
 ROLLOUT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Estimators whose baseline comes from the other samples of the same prompt.
@@ -102,6 +102,14 @@ class VerlConfig(TrainingArguments):
     )
     vllm_max_model_len: int | None = field(
         default=None, metadata=_help("vLLM: longest sequence; default max_prompt_length + max_response_length.")
+    )
+    vllm_server_url: str | None = field(
+        default=None,
+        metadata=_help("rollout_engine='vllm_server': the URL of a running `verl-hf vllm-serve` (e.g. "
+                       "http://gpu-node-3:8000); weights go to it over vLLM's weight-transfer API after each update."),
+    )
+    vllm_server_timeout_s: float = field(
+        default=600.0, metadata=_help("rollout_engine='vllm_server': seconds one request to the server may take.")
     )
     rollout_dtype: str = field(
         default="auto",
@@ -359,7 +367,8 @@ def _check_ranges(cfg: VerlConfig) -> None:
     if cfg.rollout_engine == "vllm" and cfg.vllm_sleep_level and not _has_gpu():
         raise ValueError("vllm_sleep_level needs a GPU (vLLM's sleep mode is CUDA/ROCm/XPU only); set "
                          "vllm_sleep_level=0 on this machine.")
-    if cfg.rollout_engine == "vllm" and cfg.sync_verify:
+    _check_vllm_server(cfg)
+    if cfg.rollout_engine.startswith("vllm") and cfg.sync_verify:
         raise ValueError("sync_verify compares weights by HF name, but vLLM keeps fused weights; use it with "
                          "rollout_engine='hf' (vLLM is checked by its log-probs, tests/test_rollout_vllm.py).")
     if cfg.dynamic_sampling and cfg.num_generations < 2:
@@ -369,6 +378,26 @@ def _check_ranges(cfg: VerlConfig) -> None:
             f"adv_estimator={cfg.adv_estimator!r} compares the responses of one prompt, so it needs "
             f"num_generations >= 2 (got {cfg.num_generations}); set num_generations to 2 or more (8 is common)."
         )
+
+
+def _check_vllm_server(cfg: VerlConfig) -> None:
+    """Server mode: a URL, and no setting that belongs to the server (it is sized where it is started)."""
+    if cfg.rollout_engine != "vllm_server":
+        if cfg.vllm_server_url is not None:
+            raise ValueError(f"vllm_server_url is set but rollout_engine={cfg.rollout_engine!r}; set "
+                             f"rollout_engine='vllm_server' to sample from that server, or drop the URL.")
+        return
+    if not cfg.vllm_server_url or not cfg.vllm_server_url.startswith(("http://", "https://")):
+        raise ValueError(f"rollout_engine='vllm_server' needs vllm_server_url='http://HOST:PORT' of a running "
+                         f"`verl-hf vllm-serve` (got {cfg.vllm_server_url!r}).")
+    for name, default in (("rollout_tensor_parallel_size", 1), ("vllm_sleep_level", 0), ("vllm_kv_cache_mb", None),
+                          ("vllm_max_model_len", None)):
+        if getattr(cfg, name) != default:
+            raise ValueError(f"{name}={getattr(cfg, name)!r} configures a colocated engine; with "
+                             f"rollout_engine='vllm_server' the server is sized where it starts (`verl-hf vllm-serve "
+                             f"--help`): leave {name} at its default.")
+    if cfg.vllm_server_timeout_s <= 0:
+        raise ValueError(f"vllm_server_timeout_s={cfg.vllm_server_timeout_s} must be > 0.")
 
 
 def _check_batch_shape(cfg: VerlConfig) -> None:

@@ -153,6 +153,8 @@ def make_engine(trainer, args: VerlConfig):
     model, tokenizer = trainer.model, trainer.processing_class
     if args.rollout_engine == "vllm":
         return make_vllm_engine(model, tokenizer, args)
+    if args.rollout_engine == "vllm_server":
+        return make_vllm_server_engine(model, tokenizer, args)
     form = args.rollout_hf_weights
     if form == "auto":
         form = "copy" if zero_stage(trainer) == 3 else "shared"
@@ -198,6 +200,17 @@ def make_vllm_engine(model, tokenizer, args: VerlConfig):
         kv_cache_memory_bytes=kv_mb * 2**20 if kv_mb else None, tensor_parallel_size=tp,
         distributed=args.world_size > 1, sleep_level=args.vllm_sleep_level,
     )
+
+
+def make_vllm_server_engine(model, tokenizer, args: VerlConfig):
+    """A client of the running vLLM server at vllm_server_url (checked now, before any training)."""
+    from .roles.actor import eos_token_ids
+    from .rollout.vllm_server import VLLMServerEngine
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return VLLMServerEngine(args.vllm_server_url, base.config, tokenizer.pad_token_id, eos_token_ids(model, tokenizer),
+                            max_model_len=args.max_prompt_length + args.max_response_length,
+                            timeout_s=args.vllm_server_timeout_s)
 
 
 def make_weight_sync(args: VerlConfig):

