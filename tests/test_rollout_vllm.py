@@ -47,6 +47,11 @@ def test_vllm_per_prompt_seeds_do_not_depend_on_the_batch(figures):
 def test_vllm_start_up_errors_name_the_fix(figures):
     assert "raise vllm_kv_cache_mb" in figures["kv_cache_error"], figures["kv_cache_error"]
     assert "exceeds the model's max_position_embeddings=128" in figures["max_len_error"], figures["max_len_error"]
+    assert "ValueError: vLLM does not support ['NoSuchForCausalLM']; use rollout_engine='hf'" in \
+        figures["architecture_error"], figures["architecture_error"]
+    # vLLM's CPU attention only checks at the first forward pass; the engine's warm-up token brings it forward.
+    assert "ValueError: vLLM's attention backend rejects head size 16" in figures["head_size_error"], \
+        figures["head_size_error"]
 
 
 def test_tensor_parallel_size_must_divide_the_processes(tmp_path, warm_start_dir, addition):

@@ -58,13 +58,19 @@ figures["row_seeds_independent"] = torch.equal(whole.response_ids[6:, :width], p
 # 5. Clear errors before or instead of vLLM's own: a KV cache too small for one sequence, a length beyond the model.
 from verl_hf.rollout.vllm_engine import VLLMEngine  # noqa: E402
 
-for name, kwargs in (("kv_cache_error", dict(max_model_len=128, kv_cache_memory_bytes=2**16)),
-                     ("max_len_error", dict(max_model_len=4096, kv_cache_memory_bytes=2**26))):
+# An architecture vLLM does not know, and a head size (16) that its CPU attention rejects.
+unknown = trainer.model.config.__class__.from_dict({**trainer.model.config.to_dict(), "architectures": ["NoSuchForCausalLM"]})
+narrow = trainer.model.config.__class__.from_dict({**trainer.model.config.to_dict(), "head_dim": 16})
+for name, config, kwargs in (
+        ("kv_cache_error", trainer.model.config, dict(max_model_len=128, kv_cache_memory_bytes=2**16)),
+        ("max_len_error", trainer.model.config, dict(max_model_len=4096, kv_cache_memory_bytes=2**26)),
+        ("architecture_error", unknown, dict(max_model_len=64, kv_cache_memory_bytes=2**26)),
+        ("head_size_error", narrow, dict(max_model_len=64, kv_cache_memory_bytes=2**26))):
     try:
-        VLLMEngine(trainer.model.config, 0, [1], **kwargs)
+        VLLMEngine(config, 0, [1], **kwargs)
         figures[name] = "no error"
-    except ValueError as e:
-        figures[name] = str(e)
+    except Exception as e:  # noqa: BLE001 - the test asserts on the message, whatever the type
+        figures[name] = f"{type(e).__name__}: {e}"
 
 Path(sys.argv[1]).write_text(json.dumps(figures))
 print(json.dumps(figures))

@@ -71,6 +71,10 @@ class VLLMEngine:
         self.sleep_level, self.asleep = sleep_level, False
         try:
             self.llm = vllm.LLM(**kwargs)
+            # vLLM's CPU attention checks the head size only at the first forward pass: one warm-up token (every
+            # rank, so tensor-parallel groups stay in step) surfaces it now, before any training.
+            self.llm.generate([vllm.inputs.TokensPrompt(prompt_token_ids=[0])],
+                              vllm.SamplingParams(max_tokens=1, temperature=0.0, detokenize=False), use_tqdm=False)
         except (ValueError, RuntimeError, NotImplementedError) as e:
             raise _explained(e, config, max_model_len, kv_cache_memory_bytes) from e
         self._names, self._tied = _hf_weight_names(config)
