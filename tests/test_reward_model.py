@@ -56,3 +56,25 @@ def test_trainer_with_reward_model(tmp_path, warm_start_dir, addition, tokenizer
     trainer = VerlTrainer(model=warm_start_dir, args=args, train_dataset=addition[0], reward_model=rm)
     trainer.train()
     assert "reward/reward_model/mean" in trainer.state.log_history[0]
+
+
+def test_reward_models_from_config_paths_with_label_index(tmp_path, warm_start_dir, addition, tokenizer):
+    """Two reward models named in VerlConfig: a one-label model with a word tokenizer unlike the policy's, and a
+    two-label classifier whose logit 1 is the reward (reward_model_label_index). Without the index: a clear
+    error before training."""
+    word_tok = _word_tokenizer()
+    one, two = tmp_path / "rm_words", tmp_path / "rm_two_labels"
+    _score_model(len(word_tok), word_tok.pad_token_id).save_pretrained(one)
+    word_tok.save_pretrained(one)
+    _score_model(len(tokenizer), tokenizer.pad_token_id, num_labels=2).save_pretrained(two)
+    tokenizer.save_pretrained(two)
+    args = small_config(tmp_path, reward_funcs=["gsm8k"], reward_weights=[1.0, 0.5, 0.5], max_steps=1,
+                        reward_model_path=[str(one), str(two)], reward_model_label_index=1)
+    trainer = VerlTrainer(model=warm_start_dir, args=args, train_dataset=addition[0])
+    assert [name for name, _ in trainer.reward_funcs] == ["gsm8k", "reward_model", "reward_model_1"]
+    trainer.train()
+    logged = trainer.state.log_history[0]
+    assert {"reward/reward_model/mean", "reward/reward_model_1/mean"} <= set(logged)
+    with pytest.raises(ValueError, match="reward_model_label_index"):
+        VerlTrainer(model=warm_start_dir, train_dataset=addition[0],
+                    args=small_config(tmp_path, reward_model_path=str(two), reward_weights=None))

@@ -133,14 +133,26 @@ class VerlConfig(TrainingArguments):
     reward_funcs: list[str] | None = field(
         default=None,
         metadata=_help(
-            "Reward functions by name: a built-in (gsm8k, gsm8k_flexible, gsm8k_format, exact_match), "
-            "'pkg.module:function' or 'path/to/file.py:function'. VerlTrainer(reward_funcs=...) also takes callables."
+            "Reward functions by name: a built-in (gsm8k, gsm8k_flexible, gsm8k_format, exact_match, math_verify, "
+            "length, code), 'regex:<pattern>', 'pkg.module:function' or 'path/to/file.py:function' (sync or async). "
+            "VerlTrainer(reward_funcs=...) also takes callables."
         ),
     )
-    reward_model_path: str | None = field(
+    reward_model_path: list[str] | None = field(
         default=None,
-        metadata=_help("A sequence-classification reward model (id or path), scored on the decoded text as one more "
-                       "reward function named 'reward_model' (after reward_funcs; its weight comes last)."),
+        metadata=_help("Sequence-classification reward models (ids or paths), each scored on the decoded text with "
+                       "its own tokenizer and chat template, as more reward functions named 'reward_model', "
+                       "'reward_model_1', ... (after reward_funcs; their weights come last)."),
+    )
+    reward_model_label_index: int | None = field(
+        default=None,
+        metadata=_help("Which logit of a reward model with num_labels > 1 is the reward (e.g. 1 for a two-label "
+                       "classifier's 'good' class); required for such models."),
+    )
+    reward_on_error: str = field(
+        default="raise",
+        metadata=_help("A reward function that raises: 'raise' = stop with the function's name and the failing "
+                       "sample's index; 'zero' = score those samples 0 and count them (reward/<name>/errors)."),
     )
     reward_weights: list[float] | None = field(
         default=None, metadata=_help("One weight per reward function (default 1.0 each).")
@@ -425,8 +437,11 @@ def _round_up(value: int, a: int, b: int) -> int:
 
 
 def _check_rewards(cfg: VerlConfig) -> None:
+    if isinstance(cfg.reward_model_path, str):
+        cfg.reward_model_path = [cfg.reward_model_path]
+    _one_of("reward_on_error", cfg.reward_on_error, ("raise", "zero"))
     if cfg.reward_weights is not None and cfg.reward_funcs is not None:
-        expected = len(cfg.reward_funcs) + bool(cfg.reward_model_path)
+        expected = len(cfg.reward_funcs) + len(cfg.reward_model_path or [])
         if len(cfg.reward_weights) != expected:
             also = " plus reward_model_path" if cfg.reward_model_path else ""
             raise ValueError(

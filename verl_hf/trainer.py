@@ -192,7 +192,7 @@ class VerlTrainer(Trainer):
         completion_ids = [ids[mask.bool()].tolist() for ids, mask in zip(batch.response_ids, batch.response_mask)]
         return score_completions(
             self.reward_funcs, self.reward_weights, prompts=batch.prompts, completions=batch.completions,
-            completion_ids=completion_ids, columns=batch.columns,
+            completion_ids=completion_ids, columns=batch.columns, on_error=self.args.reward_on_error,
         )
 
     def _keep_informative_groups(self, batch: RolloutBatch) -> RolloutBatch:

@@ -46,8 +46,8 @@ def resolve_rewards(args: VerlConfig, reward_funcs, reward_model):
         specs += list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     if reward_model is not None:
         specs.append(as_reward_model(reward_model))
-    if args.reward_model_path:
-        specs.append(RewardModel.from_pretrained(args.reward_model_path))
+    for path in args.reward_model_path or []:
+        specs.append(RewardModel.from_pretrained(path, label_index=args.reward_model_label_index))
     if not specs:
         raise ValueError("no reward: pass reward_funcs=[...] (callables or names such as 'gsm8k') or reward_model=.")
     funcs = resolve_reward_funcs(specs)

@@ -36,6 +36,7 @@ from .losses import LOSS_AGG_MODES, agg_loss, ppo_clip_loss, reinforce_loss, val
 from .advantages import gae_advantages, grpo_advantages, remax_advantages, rloo_advantages
 from . import policy_losses  # noqa: F401  (registers gspo, sapo, cispo, gpg, clip_cov, kl_cov, geo_mean)
 from .rollout_correction import IS_LEVELS, IS_MODES, rollout_is_weights
+from .lagrangian import lagrange_multiplier_step, lagrangian_advantages, unsafe_rate
 from .kl_control import KL_CONTROLLERS, AdaptiveKLController, FixedKLController, PIDKLController, make_kl_controller
 
 __all__ = [
@@ -71,4 +72,7 @@ __all__ = [
     "IS_LEVELS",
     "IS_MODES",
     "rollout_is_weights",
+    "lagrange_multiplier_step",
+    "lagrangian_advantages",
+    "unsafe_rate",
 ]

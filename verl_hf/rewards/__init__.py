@@ -1,7 +1,10 @@
 """Rewards: string scorers, batch reward functions, and their combination.
 
 scorers.py   -- pure per-string scorers (GSM8K answer extraction, exact match)
+verifiers.py -- math answers (math-verify), regex format, length, code run against tests
+sandbox.py   -- running generated code in a limited subprocess, never in the trainer
 functions.py -- batch reward functions, built-ins, and config-string loading
+calling.py   -- sync and async functions, and what a raised exception becomes
 combine.py   -- run several reward functions on a batch, weight and combine
 
 See it work: tests/test_rewards.py
@@ -16,6 +19,8 @@ from verl_hf.rewards.functions import (
     gsm8k_reward,
     resolve_reward_funcs,
 )
+from verl_hf.rewards.sandbox import SandboxResult, run_code
+from verl_hf.rewards.verifiers import code_reward, length_reward, math_verify_reward, regex_reward
 from verl_hf.rewards.scorers import (
     exact_match_score,
     extract_gsm8k_answer,
@@ -25,6 +30,12 @@ from verl_hf.rewards.scorers import (
 __all__ = [
     "BUILTIN_REWARDS",
     "RewardResult",
+    "SandboxResult",
+    "code_reward",
+    "length_reward",
+    "math_verify_reward",
+    "regex_reward",
+    "run_code",
     "exact_match_reward",
     "exact_match_score",
     "extract_gsm8k_answer",

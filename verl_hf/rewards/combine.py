@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+
+from .calling import ON_ERROR, call_all, recover
 
 _RESERVED = ("prompts", "completions", "completion_ids")
 
@@ -29,11 +31,13 @@ class RewardResult:
     valid:        (B,) bool, False where no function scored the sample.
     per_function: (B, F) float32 raw scores, NaN where a function gave None.
     names:        the F function names, in column order.
+    errors:       {name: samples whose call raised and were scored 0} (reward_on_error='zero' only).
     """
     rewards: torch.Tensor
     valid: torch.Tensor
     per_function: torch.Tensor
     names: list[str]
+    errors: dict[str, int] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
         """reward/mean and reward/std (population) over valid samples, and
@@ -50,6 +54,8 @@ class RewardResult:
             scored = column[~torch.isnan(column)]
             if scored.numel():
                 out[f"reward/{name}/mean"] = scored.mean().item()
+        for name, count in self.errors.items():
+            out[f"reward/{name}/errors"] = float(count)
         return out
 
 
@@ -131,25 +137,34 @@ def _check_inputs(reward_funcs, weights, completions, prompts,
 
 def score_completions(reward_funcs: list[tuple[str, Callable]],
                       weights: list[float] | None, *, prompts, completions,
-                      completion_ids, columns: dict[str, list]) -> RewardResult:
+                      completion_ids, columns: dict[str, list],
+                      on_error: str = "raise") -> RewardResult:
     """Call every reward function once on the batch and combine the scores.
 
     Each function gets prompts=, completions=, completion_ids= and the dataset
-    columns as keyword arguments. reward[i] = sum over functions j that scored
-    sample i of weights[j] * score[i, j] (weights default to 1.0).
+    columns as keyword arguments; async functions run concurrently (calling.py).
+    reward[i] = sum over functions j that scored sample i of weights[j] *
+    score[i, j] (weights default to 1.0). A function that raises: see
+    calling.recover (on_error 'raise' or 'zero').
     """
+    if on_error not in ON_ERROR:
+        raise ValueError(f"reward_on_error={on_error!r} must be one of {ON_ERROR}")
     w = _check_inputs(reward_funcs, weights, completions, prompts,
                       completion_ids, columns)
     n = len(completions)
+    batch = dict(prompts=list(prompts), completions=list(completions),
+                 completion_ids=list(completion_ids), **{k: list(v) for k, v in columns.items()})
     per_function = torch.empty(n, len(reward_funcs), dtype=torch.float32)
-    for j, (name, func) in enumerate(reward_funcs):
-        try:
-            output = func(prompts=prompts, completions=completions,
-                          completion_ids=completion_ids, **columns)
-        except Exception as exc:
-            exc.add_note(f"(raised inside reward function {name!r})")
-            raise
-        scores = _as_list(name, output, n)
+    errors = {}
+    for j, ((name, func), output) in enumerate(zip(reward_funcs, call_all(reward_funcs, batch))):
+        if isinstance(output, Exception):
+            singles = recover(name, func, batch, n, output, on_error)
+            scores = [0.0 if one is None else _as_list(name, one, 1)[0] for one in singles]
+            errors[name] = sum(one is None for one in singles)
+        else:
+            scores = _as_list(name, output, n)
+            if on_error == "zero":
+                errors[name] = 0
         per_function[:, j] = torch.tensor(
             [_check_score(name, i, v) for i, v in enumerate(scores)],
             dtype=torch.float32)
@@ -166,4 +181,4 @@ def score_completions(reward_funcs: list[tuple[str, Callable]],
     rewards[~valid] = math.nan
     return RewardResult(rewards=rewards, valid=valid,
                         per_function=per_function,
-                        names=[name for name, _ in reward_funcs])
+                        names=[name for name, _ in reward_funcs], errors=errors)

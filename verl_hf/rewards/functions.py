@@ -18,34 +18,17 @@ See it work: tests/test_rewards.py
 from __future__ import annotations
 
 import hashlib
+import re
 import importlib
 import importlib.util
 import os
 from typing import Callable
 
+from verl_hf.rewards.columns import ground_truths as _ground_truths
+from verl_hf.rewards.columns import score_each as _score_each
 from verl_hf.rewards.scorers import (
     exact_match_score, extract_gsm8k_answer, gsm8k_score)
-
-_TRUTH_COLUMNS = ("answer", "ground_truth")
-
-
-def _ground_truths(reward_name: str, columns: dict) -> list:
-    """The ground-truth column: `answer`, else `ground_truth`."""
-    for key in _TRUTH_COLUMNS:
-        if key in columns:
-            return columns[key]
-    raise ValueError(
-        f"reward {reward_name!r} needs a ground-truth column but the batch "
-        f"has only columns {sorted(columns)}; add a column named 'answer' or "
-        f"'ground_truth' to the dataset (or map one with data_key_map)")
-
-
-def _score_each(scorer, completions, truths, **kwargs) -> list[float | None]:
-    # A row without a ground truth cannot be judged: exclude it (None)
-    # rather than punish the completion with 0.
-    return [None if truth is None else scorer(text, truth, **kwargs)
-            for text, truth in zip(completions, truths)]
-
+from verl_hf.rewards.verifiers import code_reward, length_reward, math_verify_reward, regex_reward
 
 def gsm8k_reward(prompts, completions, completion_ids, **columns):
     """1.0 if the number after the last '#### ' equals the ground truth, else
@@ -81,13 +64,16 @@ BUILTIN_REWARDS: dict[str, Callable] = {
     "gsm8k_flexible": gsm8k_flexible_reward,
     "gsm8k_format": gsm8k_format_reward,
     "exact_match": exact_match_reward,
+    "math_verify": math_verify_reward,
+    "length": length_reward,
+    "code": code_reward(),
 }
 
 
 def _unknown_spec_error(spec) -> ValueError:
     return ValueError(
         f"unknown reward function {spec!r}; use a built-in "
-        f"({', '.join(sorted(BUILTIN_REWARDS))}), 'pkg.module:function', "
+        f"({', '.join(sorted(BUILTIN_REWARDS))}), 'regex:<pattern>', 'pkg.module:function', "
         f"'path/to/file.py:function', or pass the callable itself")
 
 
@@ -111,6 +97,11 @@ def _load_string_spec(spec: str) -> tuple[str, Callable]:
     """Resolve a built-in name, 'pkg.module:fn' or 'file.py:fn'."""
     if spec in BUILTIN_REWARDS:
         return spec, BUILTIN_REWARDS[spec]
+    if spec.startswith("regex:"):
+        try:
+            return "regex", regex_reward(spec[len("regex:"):])
+        except re.error as exc:
+            raise ValueError(f"reward function {spec!r}: invalid regular expression ({exc})") from exc
     # rpartition: a path may itself contain ':' (e.g. 'C:\\...').
     target, sep, attr = spec.rpartition(":")
     if not sep or not target or not attr:

@@ -30,8 +30,12 @@ class RewardModel(Role):
         if num_labels != 1 and label_index is None:
             raise ValueError(
                 f"reward model has num_labels={num_labels}; say which logit is the reward with "
-                f"label_index=<0..{num_labels - 1}>, or load it with num_labels=1."
+                f"label_index=<0..{num_labels - 1}> (VerlConfig: reward_model_label_index), or load it with "
+                f"num_labels=1."
             )
+        if label_index is not None and not 0 <= label_index < num_labels:
+            raise ValueError(f"label_index={label_index} but the reward model has num_labels={num_labels}; pick "
+                             f"0..{num_labels - 1}.")
         if tokenizer is None:
             raise ValueError("RewardModel needs its tokenizer: RewardModel(model, tokenizer=...) or from_pretrained.")
         if tokenizer.pad_token is None:

@@ -1,0 +1,86 @@
+"""Reward functions that are async, and ones that raise."""
+
+import asyncio
+
+import pytest
+
+from verl_hf.rewards import score_completions
+
+
+def _score(funcs, n=4, **kwargs):
+    return score_completions(funcs, None, prompts=[f"p{i}" for i in range(n)],
+                             completions=[f"c{i}" for i in range(n)], completion_ids=[[i] for i in range(n)],
+                             columns={"answer": list(range(n))}, **kwargs)
+
+
+def test_async_functions_run_concurrently_beside_sync_ones():
+    """Two async functions that each sleep 0.3 s finish together in well under 0.6 s."""
+    import time
+
+    async def slow_a(prompts, completions, completion_ids, answer):
+        await asyncio.sleep(0.3)
+        return [float(a) for a in answer]
+
+    async def slow_b(prompts, completions, completion_ids, answer):
+        await asyncio.sleep(0.3)
+        return [1.0] * len(answer)
+
+    def plain(prompts, completions, completion_ids, answer):
+        return [0.5] * len(answer)
+
+    start = time.perf_counter()
+    result = _score([("a", slow_a), ("b", slow_b), ("plain", plain)])
+    assert time.perf_counter() - start < 0.55
+    assert result.rewards.tolist() == [1.5, 2.5, 3.5, 4.5]
+
+
+def test_async_function_inside_a_running_event_loop():
+    """As in a notebook: score_completions called from code that already runs an event loop."""
+    async def reward(prompts, completions, completion_ids, answer):
+        return [2.0] * len(answer)
+
+    async def caller():
+        return _score([("r", reward)])
+
+    assert asyncio.run(caller()).rewards.tolist() == [2.0] * 4
+
+
+def _fails_on_two(prompts, completions, completion_ids, answer):
+    if 2 in answer:
+        raise ZeroDivisionError("bad sample")
+    return [1.0] * len(answer)
+
+
+def test_raising_function_names_itself_and_the_sample():
+    with pytest.raises(RuntimeError, match=r"reward function 'judge' raised on sample 2 of 4 \(1 fail; prompt 'p2'\): "
+                                           r"ZeroDivisionError: bad sample.*reward_on_error='zero'"):
+        _score([("judge", _fails_on_two)])
+
+
+def test_on_error_zero_scores_failures_zero_and_counts_them():
+    async def async_fails(prompts, completions, completion_ids, answer):
+        return _fails_on_two(prompts, completions, completion_ids, answer)
+
+    for func in (_fails_on_two, async_fails):
+        result = _score([("judge", func)], on_error="zero")
+        assert result.rewards.tolist() == [1.0, 1.0, 0.0, 1.0]
+        assert result.metrics()["reward/judge/errors"] == 1.0
+    clean = _score([("judge", lambda **kw: [1.0] * 4)], on_error="zero")
+    assert clean.metrics()["reward/judge/errors"] == 0.0
+
+
+def test_failure_of_the_batch_call_only_is_raised_with_a_note():
+    def batch_only(prompts, completions, completion_ids, answer):
+        if len(answer) > 1:
+            raise MemoryError("batch too big")
+        return [1.0]
+
+    with pytest.raises(MemoryError) as info:
+        _score([("big", batch_only)])
+    assert "each sample alone passes" in info.value.__notes__[0]
+    assert _score([("big", batch_only)], on_error="zero").rewards.tolist() == [1.0] * 4
+
+
+def test_bad_on_error_value():
+    with pytest.raises(ValueError, match="reward_on_error='skip' must be one of"):
+        _score([("r", lambda **kw: [1.0] * 4)], on_error="skip")

@@ -1,0 +1,85 @@
+"""Built-in reward functions that verify rather than match: math answers (math-verify), a regex format,
+response length, and code run against tests in the sandbox (sandbox.py).
+
+All have the reward-function signature `f(prompts, completions, completion_ids, **columns)`.
+
+See it work: tests/test_verifiers.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+from verl_hf.rewards.columns import ground_truths, score_each
+from verl_hf.rewards.sandbox import run_code
+
+MATH_HINT = "math_verify needs the math-verify package: pip install 'verl-hf[math]' (or pip install math-verify)."
+
+
+def _math_equal(completion: str, truth, parse, verify) -> float:
+    gold = parse(str(truth)) or parse(f"${truth}$")  # plain answers and LaTeX both parse
+    if not gold:
+        raise ValueError(f"math_verify cannot parse the ground truth {truth!r}; give it as a number or LaTeX.")
+    return 1.0 if verify(gold, parse(completion)) else 0.0
+
+
+def math_verify_reward(prompts, completions, completion_ids, **columns):
+    """1.0 if the completion's final answer (\\boxed{}, LaTeX or a plain expression) is mathematically equal
+    to the ground truth (column `answer` or `ground_truth`), by HuggingFace's math-verify; else 0.0."""
+    try:
+        from math_verify import parse, verify
+    except ImportError as e:
+        raise ImportError(MATH_HINT) from e
+    truths = ground_truths("math_verify", columns)
+    return score_each(_math_equal, completions, truths, parse=parse, verify=verify)
+
+
+def regex_reward(pattern: str, full_match: bool = False) -> Callable:
+    """A format reward: 1.0 if the completion matches `pattern` (re.search, DOTALL; `full_match`: the whole
+    text), else 0.0. In configs: `regex:<pattern>`, e.g. `regex:^<think>.*</think>\\s*<answer>.*</answer>$`."""
+    compiled = re.compile(pattern, re.DOTALL)
+    match = compiled.fullmatch if full_match else compiled.search
+
+    def regex(prompts, completions, completion_ids, **columns):
+        return [1.0 if match(text) else 0.0 for text in completions]
+
+    return regex
+
+
+def length_reward(prompts, completions, completion_ids, **columns):
+    """The response's length in tokens (weight it with reward_weights; for a penalty use a negative weight or
+    DAPO's overlong_buffer_len)."""
+    return [float(len(ids)) for ids in completion_ids]
+
+
+_FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
+
+
+def extract_code(completion: str) -> str:
+    """The last fenced code block (```python ... ```), else the whole completion."""
+    blocks = _FENCE.findall(completion)
+    return blocks[-1] if blocks else completion
+
+
+def code_reward(timeout_s: float = 5.0, memory_mb: int = 512, workers: int | None = None) -> Callable:
+    """1.0 if the completion's code, followed by the row's tests (column `tests`: test code, or a list of
+    assert statements), exits cleanly in the sandbox within `timeout_s`; else 0.0. Rows without tests: None.
+    In configs: `code`. Programs run in parallel subprocesses, never in the trainer's process."""
+    def run_one(completion: str, tests) -> float | None:
+        if tests is None:
+            return None
+        tests = "\n".join(tests) if isinstance(tests, (list, tuple)) else str(tests)
+        return 1.0 if run_code(extract_code(completion) + "\n\n" + tests, timeout_s=timeout_s,
+                               memory_mb=memory_mb).passed else 0.0
+
+    def code(prompts, completions, completion_ids, **columns):
+        if "tests" not in columns:
+            raise ValueError(f"reward 'code' needs a column 'tests' (test code or a list of asserts); the batch has "
+                             f"{sorted(columns)} (map one with data_key_map).")
+        with ThreadPoolExecutor(workers or os.cpu_count() or 1) as pool:
+            return list(pool.map(run_one, completions, columns["tests"]))
+
+    return code
