@@ -39,6 +39,10 @@ class RolloutBatch:
     token_level_rewards: torch.Tensor | None = None  # (B, Lr)
     advantages: torch.Tensor | None = None  # (B, Lr)
     returns: torch.Tensor | None = None  # (B, Lr)
+    # Safe-RLHF (cost_funcs / cost_model_path): costs, the cost critic's values and its regression targets.
+    costs: torch.Tensor | None = None  # (B,)
+    cost_values: torch.Tensor | None = None  # (B, Lr)
+    cost_returns: torch.Tensor | None = None  # (B, Lr)
     # Loss normalisers of the optimizer step this micro-batch belongs to (see algorithms.agg_loss).
     step_num_tokens: float | None = None
     step_num_seqs: float | None = None

@@ -173,6 +173,39 @@ class VerlConfig(TrainingArguments):
                                   "filled with the dropped groups (zero advantage) and a warning is logged."),
     )
 
+    # ----- safety (Safe-RLHF, PPO-Lagrangian): on when cost_funcs or cost_model_path is set -----
+    cost_funcs: list[str] | None = field(
+        default=None,
+        metadata=_help("Cost functions, in the same forms as reward_funcs; their sum is a response's cost, and "
+                       "cost > 0 marks it unsafe. Training keeps the mean cost under cost_limit."),
+    )
+    cost_model_path: str | None = field(
+        default=None,
+        metadata=_help("A sequence-classification cost model (id or path) scored like a reward model; added to "
+                       "cost_funcs as 'cost_model'."),
+    )
+    cost_model_label_index: int | None = field(
+        default=None, metadata=_help("Which logit of a cost model with num_labels > 1 is the cost.")
+    )
+    cost_limit: float = field(default=0.0, metadata=_help("d: the bound on the mean episode cost, E[cost] <= d."))
+    lambda_init: float = field(default=1.0, metadata=_help("Initial Lagrange multiplier lambda (> 0)."))
+    lambda_lr: float = field(
+        default=0.1, metadata=_help("Step size of the multiplier: log(lambda) += lambda_lr * (mean cost - d) * lambda.")
+    )
+    lambda_max: float | None = field(default=None, metadata=_help("Upper bound on lambda; None: unbounded."))
+    lambda_update_delay_steps: int = field(
+        default=0, metadata=_help("Optimizer steps before lambda starts to move (it stays at lambda_init).")
+    )
+    episode_cost_window_size: int = field(
+        default=128, metadata=_help("The mean episode cost that drives lambda is over this many latest responses "
+                                    "(all processes together).")
+    )
+    safety_filter_threshold: float | None = field(
+        default=None,
+        metadata=_help("Drop responses whose cost exceeds this from the update (masked; safety/filtered_frac logs "
+                       "the rate). None: keep all."),
+    )
+
     # ----- algorithm -----
     adv_estimator: str = field(default="grpo", metadata=_help("Advantage estimator, by registered name."))
     norm_adv_by_std_in_grpo: bool = field(
@@ -250,6 +283,12 @@ class VerlConfig(TrainingArguments):
         _check_ranges(self)
         _check_batch_shape(self)
         _check_rewards(self)
+        _check_safety(self)
+
+    @property
+    def safe_rl(self) -> bool:
+        """Safe-RLHF is on: there are costs to constrain."""
+        return bool(self.cost_funcs or self.cost_model_path)
 
     @property
     def rollout_generation_batch_size(self) -> int:
@@ -448,6 +487,27 @@ def _check_rewards(cfg: VerlConfig) -> None:
                 f"reward_weights has {len(cfg.reward_weights)} entries but reward_funcs has "
                 f"{len(cfg.reward_funcs)}{also}; give one weight per function ({expected})."
             )
+
+
+def _check_safety(cfg: VerlConfig) -> None:
+    if isinstance(cfg.cost_funcs, str):
+        cfg.cost_funcs = [cfg.cost_funcs]
+    if not cfg.safe_rl:
+        if cfg.safety_filter_threshold is not None:
+            raise ValueError("safety_filter_threshold needs costs: set cost_funcs or cost_model_path.")
+        return
+    if cfg.adv_estimator == "remax":
+        raise ValueError("Safe-RLHF needs an advantage for costs too, but ReMax's baseline is the greedy response's "
+                         "reward; use adv_estimator='gae' (PPO-Lagrangian), 'grpo' or 'rloo' with costs.")
+    checks = [("lambda_init", cfg.lambda_init > 0, "must be > 0 (it is kept as log(lambda))"),
+              ("lambda_lr", cfg.lambda_lr >= 0, "must be >= 0"),
+              ("lambda_max", cfg.lambda_max is None or cfg.lambda_max >= cfg.lambda_init,
+               f"must be >= lambda_init ({cfg.lambda_init})"),
+              ("lambda_update_delay_steps", cfg.lambda_update_delay_steps >= 0, "must be >= 0"),
+              ("episode_cost_window_size", cfg.episode_cost_window_size >= 1, "must be >= 1")]
+    for name, ok, fix in checks:
+        if not ok:
+            raise ValueError(f"{name}={getattr(cfg, name)!r} {fix}.")
 
 
 def _check_policy_loss_kwargs(args: "VerlConfig") -> None:

@@ -22,7 +22,7 @@ from transformers.trainer_utils import speed_metrics
 
 from . import trainer_setup as setup
 from .algorithms import agg_loss, get_advantage_estimator, get_policy_loss, kl_penalty, masked_mean
-from .algorithms import place_outcome_rewards, rollout_is_weights, value_loss
+from .algorithms import lagrangian_advantages, place_outcome_rewards, rollout_is_weights, value_loss
 from .batch import RolloutBatch, concat_batches
 from .data import RoundBatchSampler, RoundDataLoader, keep_rows, prepare_prompts
 from .metrics import accuracy_metric
@@ -31,7 +31,9 @@ from .rewards.shaping import overlong_penalty
 from .roles import Actor
 
 CRITIC_DIR = "critic"
+COST_CRITIC_DIR = "cost_critic"
 KL_CTRL_FILE = "kl_controller.json"
+SAFETY_FILE = "safety.json"
 
 
 class VerlTrainer(Trainer):
@@ -78,6 +80,7 @@ class VerlTrainer(Trainer):
         setup.place_reward_models(self, self.reward_funcs)
         self.ref_policy = setup.make_reference(self, ref_policy, args) if args.kl_coef > 0 else None
         self.critic = setup.make_critic(critic, model, args, trainer=self)
+        self.safety = setup.make_safety(self, model, args)  # Safe-RLHF: costs, lambda, cost critic
         self.kl_ctrl = setup.make_kl_ctrl(args)
         self.advantage_fn = get_advantage_estimator(args.adv_estimator)
         self.policy_loss_fn = get_policy_loss(args.policy_loss)
@@ -174,11 +177,33 @@ class VerlTrainer(Trainer):
         batch.reward_per_function, batch.valid = result.per_function.to(device), result.valid.to(device)
         if self.args.overlong_buffer_len:
             self._record({"reward/overlong_penalty": penalty.mean().item()})
+        if self.safety is not None:
+            batch = self._score_costs(batch)
         if not bool(batch.valid.all()):
             # Unscored rows take no part: no gradient (mask 0), and no share in their group's baseline
             # (see _advantage_groups).
             batch.response_mask = batch.response_mask * batch.valid.unsqueeze(1).to(batch.response_mask.dtype)
             self._record({"reward/excluded_frac": 1.0 - batch.valid.float().mean().item()})
+        return batch
+
+    def _score_costs(self, batch: RolloutBatch) -> RolloutBatch:
+        """Safe-RLHF costs; every process adds every process's costs to its window (so lambda agrees); the
+        safety filter drops responses over its threshold like unscored ones."""
+        with self._timer("cost"):
+            costs, metrics = self.safety.costs(batch.prompts, batch.completions, self._completion_ids(batch),
+                                               batch.columns)
+        batch.costs = costs.to(batch.response_mask.device)
+        everyone = costs.tolist()
+        if self.args.world_size > 1:
+            from accelerate.utils import gather_object
+
+            everyone = gather_object(everyone)
+        self.safety.observe(everyone)
+        self._record(metrics)
+        if self.args.safety_filter_threshold is not None:
+            keep = batch.costs <= self.args.safety_filter_threshold
+            batch.valid = batch.valid & keep
+            self._record({"safety/filtered_frac": 1.0 - keep.float().mean().item()})
         return batch
 
     def _rewards(self, batch: RolloutBatch):
@@ -189,11 +214,14 @@ class VerlTrainer(Trainer):
         return torch.nan_to_num(result.rewards.to(penalty.device), nan=0.0) + penalty, result, penalty
 
     def _run_reward_funcs(self, batch: RolloutBatch):
-        completion_ids = [ids[mask.bool()].tolist() for ids, mask in zip(batch.response_ids, batch.response_mask)]
         return score_completions(
             self.reward_funcs, self.reward_weights, prompts=batch.prompts, completions=batch.completions,
-            completion_ids=completion_ids, columns=batch.columns, on_error=self.args.reward_on_error,
+            completion_ids=self._completion_ids(batch), columns=batch.columns, on_error=self.args.reward_on_error,
         )
+
+    @staticmethod
+    def _completion_ids(batch: RolloutBatch) -> list[list[int]]:
+        return [ids[mask.bool()].tolist() for ids, mask in zip(batch.response_ids, batch.response_mask)]
 
     def _keep_informative_groups(self, batch: RolloutBatch) -> RolloutBatch:
         """DAPO dynamic sampling (Yu et al. 2025): groups whose rewards are all equal carry no gradient under
@@ -278,6 +306,9 @@ class VerlTrainer(Trainer):
         if self.critic is not None:
             with self._timer("values"):
                 batch.values = self.critic.compute_values(batch, self.args.per_device_train_batch_size)
+                if self.safety is not None and self.safety.cost_critic is not None:
+                    batch.cost_values = self.safety.cost_critic.compute_values(
+                        batch, self.args.per_device_train_batch_size)
         return batch
 
     def _compute_advantages(self, batch: RolloutBatch) -> RolloutBatch:
@@ -291,14 +322,34 @@ class VerlTrainer(Trainer):
                 self._record({"kl/in_reward": masked_mean(kl, mask).item(), "kl/coef": self.kl_ctrl.value})
                 self._kl_seen = [float((kl * mask).sum()), float(mask.sum()), float(len(batch))]
             batch.token_level_rewards = token_rewards
-            batch.advantages, batch.returns = self.advantage_fn(
-                token_level_rewards=token_rewards, response_mask=mask, group_ids=_advantage_groups(batch),
-                values=batch.values, reward_baselines=batch.reward_baselines, gamma=args.gamma, lam=args.lam,
-                norm_by_std=args.norm_adv_by_std_in_grpo,
-            )
+            batch.advantages, batch.returns = self._estimate(batch, token_rewards, batch.values)
+            if self.safety is not None:
+                batch.advantages = self._lagrangian_advantages(batch, batch.advantages, token_rewards)
         self._record({"advantages/mean": masked_mean(batch.advantages, mask).item(),
                       "advantages/abs_mean": masked_mean(batch.advantages.abs(), mask).item()})
         return batch
+
+    def _estimate(self, batch: RolloutBatch, token_rewards: torch.Tensor, values) -> tuple:
+        """(advantages, returns) of the configured estimator for these per-token rewards."""
+        args = self.args
+        return self.advantage_fn(
+            token_level_rewards=token_rewards, response_mask=batch.response_mask.float(),
+            group_ids=_advantage_groups(batch), values=values, reward_baselines=batch.reward_baselines,
+            gamma=args.gamma, lam=args.lam, norm_by_std=args.norm_adv_by_std_in_grpo)
+
+    def _lagrangian_advantages(self, batch: RolloutBatch, reward_advantages, token_rewards) -> torch.Tensor:
+        """Safe-RLHF: lambda steps on the windowed episode cost, cost advantages come from the same estimator
+        (GAE with the cost critic, or group-normalised), and the policy follows (A_r - lambda A_c) / (1 + lambda).
+        KL in the reward enters the cost with the opposite sign, so its weight stays kl_coef whatever lambda
+        (Safe-RLHF's code puts half in each; that is the same up to kl_coef)."""
+        mask = batch.response_mask.float()
+        self._record(self.safety.update_lambda(self.state.global_step))
+        token_costs = place_outcome_rewards(batch.costs, mask)
+        kl_in_reward = token_rewards - place_outcome_rewards(batch.rewards, mask)  # -beta * KL, or zeros
+        cost_advantages, batch.cost_returns = self._estimate(batch, token_costs - kl_in_reward, batch.cost_values)
+        self._record({"advantages/reward_mean": masked_mean(reward_advantages, mask).item(),
+                      "advantages/cost_mean": masked_mean(cost_advantages, mask).item()})
+        return lagrangian_advantages(reward_advantages, cost_advantages, self.safety.lagrange_lambda)
 
     def _flush_kl_measurement(self) -> None:
         """Update the KL coefficient once per round from the round's token-mean KL, summed over processes
@@ -349,7 +400,9 @@ class VerlTrainer(Trainer):
         else:
             loss = torch.zeros((), device=self.args.device)
         if self.critic is not None:
-            self._critic_update(mb)
+            self._critic_update(mb, self.critic, mb.values, mb.returns, "critic")
+        if self.safety is not None and self.safety.cost_critic is not None:
+            self._critic_update(mb, self.safety.cost_critic, mb.cost_values, mb.cost_returns, "cost_critic")
         self._record({"time/update": time.perf_counter() - started})
         return loss.detach()
 
@@ -403,18 +456,18 @@ class VerlTrainer(Trainer):
         seen = getattr(self, "_kl_seen", None) or [0.0, 0.0, float(self._round_size)]
         self._kl_seen = [seen[0] + float((kl * mask).sum()), seen[1] + float(mask.sum()), seen[2]]
 
-    def _critic_update(self, mb: RolloutBatch) -> None:
+    def _critic_update(self, mb: RolloutBatch, critic, old_values, returns, prefix: str) -> None:
         """Clipped value loss on the same micro-batch; the critic steps with the actor's optimizer steps."""
-        values = self.critic.forward_values(mb)
-        loss, metrics = value_loss(values, mb.values, mb.returns, mb.response_mask.float(),
+        values = critic.forward_values(mb)
+        loss, metrics = value_loss(values, old_values, returns, mb.response_mask.float(),
                                    cliprange_value=self.args.cliprange_value, loss_agg_mode=self.args.loss_agg_mode,
                                    **self._loss_norms(mb))
-        self.critic.backward(loss)
-        self._record({"critic/value_loss": loss.item(), **{f"critic/{k}": v for k, v in metrics.items()}})
-        if self.critic.steps_every_micro_step or self._micro_step % self.args.gradient_accumulation_steps == 0:
-            norm = self.critic.step()
+        critic.backward(loss)
+        self._record({f"{prefix}/value_loss": loss.item(), **{f"{prefix}/{k}": v for k, v in metrics.items()}})
+        if critic.steps_every_micro_step or self._micro_step % self.args.gradient_accumulation_steps == 0:
+            norm = critic.step()
             if norm is not None:
-                self._record({"critic/grad_norm": norm})
+                self._record({f"{prefix}/grad_norm": norm})
 
     # ------------------------------------------------------------------ checkpoints: the critic travels along
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
@@ -424,6 +477,13 @@ class VerlTrainer(Trainer):
                 json.dump({"controller": self.kl_ctrl.state_dict(), "pending": getattr(self, "_kl_seen", None)}, f)
         if self.critic is not None:
             self.critic.save_checkpoint(os.path.join(output_dir, CRITIC_DIR), main_process=self.args.should_save)
+        if self.safety is not None:
+            if self.args.should_save:
+                with open(os.path.join(output_dir, SAFETY_FILE), "w") as f:
+                    json.dump(self.safety.state_dict(), f)
+            if self.safety.cost_critic is not None:
+                self.safety.cost_critic.save_checkpoint(os.path.join(output_dir, COST_CRITIC_DIR),
+                                                        main_process=self.args.should_save)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         super()._load_optimizer_and_scheduler(checkpoint)
@@ -432,12 +492,26 @@ class VerlTrainer(Trainer):
                 saved = json.load(f)
             self.kl_ctrl.load_state_dict(saved["controller"])
             self._kl_seen = saved["pending"]
-        if checkpoint is None or self.critic is None:
+        if checkpoint is None:
+            return
+        if self.safety is not None:
+            self._load_safety(checkpoint)
+        if self.critic is None:
             return
         critic_dir = os.path.join(checkpoint, CRITIC_DIR)
         if not os.path.isdir(critic_dir):
             raise FileNotFoundError(f"{checkpoint} has no {CRITIC_DIR}/ folder: it was not saved by a PPO run.")
         self.critic.load_checkpoint(critic_dir)
+
+    def _load_safety(self, checkpoint: str) -> None:
+        path = os.path.join(checkpoint, SAFETY_FILE)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{checkpoint} has no {SAFETY_FILE}: it was not saved by a Safe-RLHF run "
+                                    f"(cost_funcs / cost_model_path).")
+        with open(path) as f:
+            self.safety.load_state_dict(json.load(f))
+        if self.safety.cost_critic is not None:
+            self.safety.cost_critic.load_checkpoint(os.path.join(checkpoint, COST_CRITIC_DIR))
 
     # ------------------------------------------------------------------ data
     def get_train_dataloader(self):
@@ -494,19 +568,22 @@ class VerlTrainer(Trainer):
         per_rank = -(-len(dataset) // args.world_size)
         real = len(indices)
         indices += [indices[-1] if indices else 0] * (per_rank - real)
-        scores, lengths = [], []
+        scores, lengths, costs = [], [], []
         for start in range(0, len(indices), args.per_device_eval_batch_size):
             rows = [dataset[i] for i in indices[start : start + args.per_device_eval_batch_size]]
             batch = self.actor.generate_sequences(
                 prompt_ids=[r["prompt_ids"] for r in rows], rows=rows, **self._sampling(train=False))
             scores += self._run_reward_funcs(batch).per_function.tolist()
             lengths += batch.response_mask.sum(dim=1).float().tolist()
+            if self.safety is not None:
+                costs += self.safety.costs(batch.prompts, batch.completions, self._completion_ids(batch),
+                                           batch.columns)[0].tolist()
         keep = real * args.eval_num_generations
-        scores, lengths = scores[:keep], lengths[:keep]
+        scores, lengths, costs = scores[:keep], lengths[:keep], costs[:keep]
         if args.world_size > 1:
             from accelerate.utils import gather_object
 
-            scores, lengths = gather_object(scores), gather_object(lengths)
+            scores, lengths, costs = gather_object(scores), gather_object(lengths), gather_object(costs)
         per_function = torch.tensor(scores, dtype=torch.float32).view(-1, len(self.reward_funcs))
         correct = (per_function[:, 0] >= args.eval_correct_threshold).long()
         total = torch.nansum(per_function * torch.tensor(self.reward_weights), dim=1)
@@ -518,6 +595,9 @@ class VerlTrainer(Trainer):
             scored = per_function[:, j][~torch.isnan(per_function[:, j])]
             if scored.numel():
                 metrics[f"{prefix}_reward/{name}"] = scored.mean().item()
+        if costs:
+            metrics[f"{prefix}_cost"] = sum(costs) / len(costs)
+            metrics[f"{prefix}_unsafe_rate"] = sum(c > 0 for c in costs) / len(costs)
         return metrics
 
     # ------------------------------------------------------------------ logging

@@ -47,7 +47,7 @@ def resolve_rewards(args: VerlConfig, reward_funcs, reward_model):
     if reward_model is not None:
         specs.append(as_reward_model(reward_model))
     for path in args.reward_model_path or []:
-        specs.append(RewardModel.from_pretrained(path, label_index=args.reward_model_label_index))
+        specs.append(load_score_model(path, args.reward_model_label_index))
     if not specs:
         raise ValueError("no reward: pass reward_funcs=[...] (callables or names such as 'gsm8k') or reward_model=.")
     funcs = resolve_reward_funcs(specs)
@@ -55,6 +55,33 @@ def resolve_rewards(args: VerlConfig, reward_funcs, reward_model):
         raise ValueError(f"reward_weights has {len(args.reward_weights)} entries for {len(funcs)} reward functions "
                          f"({[n for n, _ in funcs]}); give one weight per function.")
     return funcs
+
+
+def make_safety(trainer, policy, args: VerlConfig):
+    """Safe-RLHF's constraint when costs are configured: cost functions and cost model resolved now, the cost
+    critic (PPO) built like the reward critic, the cost model placed like reward models."""
+    if not args.safe_rl:
+        return None
+    from .safety import SafetyConstraint
+
+    specs = list(args.cost_funcs or [])
+    if args.cost_model_path:
+        model = load_score_model(args.cost_model_path, args.cost_model_label_index)
+        model.__name__ = "cost_model"
+        specs.append(model)
+    cost_funcs = resolve_reward_funcs(specs)
+    place_reward_models(trainer, cost_funcs)
+    cost_critic = make_critic(None, policy, args, trainer=trainer) if args.adv_estimator == "gae" else None
+    return SafetyConstraint(cost_funcs, args, cost_critic)
+
+
+def load_score_model(path: str, label_index: int | None) -> RewardModel:
+    """A reward or cost model; the configured label index applies to the models with several labels (a run
+    may mix one-label and two-label models)."""
+    from transformers import AutoConfig
+
+    several = getattr(AutoConfig.from_pretrained(path), "num_labels", 1) > 1
+    return RewardModel.from_pretrained(path, label_index=label_index if several else None)
 
 
 def as_reward_model(reward_model) -> RewardModel:
