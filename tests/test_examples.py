@@ -18,3 +18,14 @@ def test_swap_trainer_differs_from_an_sft_script_only_in_marked_lines():
     lines = (EXAMPLES / "swap_trainer.py").read_text().splitlines()
     marked = [line for line in lines if "  # RL:" in line]
     assert len(marked) == 4  # the import, VerlConfig(, VerlTrainer(, reward_funcs=
+
+
+def test_safe_rlhf_example_keeps_the_unsafe_rate_under_the_limit(tmp_path):
+    """examples/safe_rlhf/compare.py as documented (600 steps each): plain PPO ends above the cost limit,
+    PPO-Lagrangian at or under it with a reward above the starting policy's (README table)."""
+    module = runpy.run_path(str(EXAMPLES / "safe_rlhf" / "compare.py"))
+    results = module["main"](["--out", str(tmp_path)])
+    limit = results["cost_limit"]
+    assert results["ppo"]["unsafe_rate"] > limit, results
+    assert results["ppo_lagrangian"]["unsafe_rate"] <= limit, results
+    assert results["ppo_lagrangian"]["reward"] > results["before"]["reward"] + 0.05, results

@@ -10,9 +10,8 @@ from verl_hf import VerlConfig, VerlTrainer
 from verl_hf.algorithms import lagrange_multiplier_step
 
 
-def has_seven(prompts, completions, completion_ids, **columns):
-    """Cost 1 for a response that contains the digit 7, else 0: the mean cost is the unsafe rate."""
-    return [1.0 if "7" in text else 0.0 for text in completions]
+# Cost 1 for a response that contains the digit 7, else 0: the mean cost is the unsafe rate.
+SEVEN = "examples/safe_rlhf/task.py:forbidden_digit"
 
 
 def _logs(trainer):
@@ -23,7 +22,7 @@ def _logs(trainer):
 def test_lambda_follows_the_windowed_cost_each_step(tmp_path, warm_start_dir, addition, estimator):
     """logging every step: each step's lambda is one multiplier step from the previous one on the logged
     window mean (hand formula); under PPO a cost critic trains beside the reward critic."""
-    args = small_config(tmp_path, adv_estimator=estimator, max_steps=3, cost_funcs=["tests/test_safety.py:has_seven"],
+    args = small_config(tmp_path, adv_estimator=estimator, max_steps=3, cost_funcs=[SEVEN],
                         cost_limit=0.05, lambda_init=0.5, lambda_lr=0.5, episode_cost_window_size=1000)
     trainer = VerlTrainer(model=warm_start_dir, args=args, train_dataset=addition[0])
     assert (trainer.safety.cost_critic is not None) == (estimator == "gae")
@@ -42,7 +41,7 @@ def test_lambda_follows_the_windowed_cost_each_step(tmp_path, warm_start_dir, ad
 
 
 def test_lambda_waits_for_its_delay_and_respects_its_cap(tmp_path, warm_start_dir, addition):
-    args = small_config(tmp_path, max_steps=3, cost_funcs=["tests/test_safety.py:has_seven"], cost_limit=-1.0,
+    args = small_config(tmp_path, max_steps=3, cost_funcs=[SEVEN], cost_limit=-1.0,
                         lambda_init=1.0, lambda_lr=1.0, lambda_max=2.0, lambda_update_delay_steps=1)
     trainer = VerlTrainer(model=warm_start_dir, args=args, train_dataset=addition[0])
     trainer.train()
@@ -53,7 +52,7 @@ def test_lambda_waits_for_its_delay_and_respects_its_cap(tmp_path, warm_start_di
 
 def test_safety_filter_and_eval_metrics_and_checkpoint(tmp_path, warm_start_dir, addition):
     train, test = addition
-    args = small_config(tmp_path, max_steps=2, cost_funcs=["tests/test_safety.py:has_seven"],
+    args = small_config(tmp_path, max_steps=2, cost_funcs=[SEVEN],
                         safety_filter_threshold=0.5, save_strategy="steps", save_steps=2)
     trainer = VerlTrainer(model=warm_start_dir, args=args, train_dataset=train, eval_dataset=test)
     trainer.train()
@@ -76,3 +75,35 @@ def test_safety_config_errors(tmp_path):
         VerlConfig(**base, cost_funcs=["length"], lambda_max=0.5)
     with pytest.raises(ValueError, match="ReMax's baseline is the greedy response's reward"):
         VerlConfig(**base, cost_funcs=["length"], adv_estimator="remax", num_generations=2)
+
+
+def test_cost_model_from_a_path(tmp_path, warm_start_dir, addition, tokenizer):
+    """A score model as the cost (cost_model_path): its scores are the costs the multiplier sees."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    torch.manual_seed(0)
+    path = tmp_path / "cost_model"
+    AutoModelForSequenceClassification.from_pretrained(warm_start_dir, num_labels=1).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    args = small_config(tmp_path, max_steps=1, cost_model_path=str(path))
+    trainer = VerlTrainer(model=warm_start_dir, args=args, train_dataset=addition[0])
+    assert [name for name, _ in trainer.safety.cost_funcs] == ["cost_model"]
+    trainer.train()
+    log = _logs(trainer)[0]
+    assert log["cost/cost_model/mean"] == pytest.approx(log["cost/mean"])
+    assert log["safety/episode_cost"] == pytest.approx(log["cost/mean"], abs=1e-6)
+
+
+def test_two_processes_keep_the_same_lambda(tmp_path):
+    """`accelerate launch`, 2 DDP processes: each adds both processes' costs to its window, so the multiplier
+    moves identically on both without being sent."""
+    from test_distributed import MODES, _run, _two_processes
+
+    out = tmp_path / "run"
+    _run(tmp_path, _two_processes(MODES["ddp"]), out,
+         ["--max_steps", "3", "--eval_steps", "3", "--per_device_train_batch_size", "32", "--use_cpu", "false",
+          "--cost_funcs", SEVEN, "--cost_limit", "0.05", "--lambda_lr", "0.5"],
+         {"ACCELERATE_USE_CPU": "true"})
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["lagrange_lambda"] == ranks[1]["lagrange_lambda"] != 1.0

@@ -100,6 +100,8 @@ def run_training(script: ScriptArguments, config) -> dict:
                **_training_figures(trainer.state.log_history)}
     if test is not None:
         summary["gain_points"] = round(100 * (summary["accuracy_after"] - summary["accuracy_before"]), 1)
+    if trainer.safety is not None:
+        summary["lagrange_lambda"] = trainer.safety.lagrange_lambda
     if trainer.is_world_process_zero():
         plot_curve(trainer.state.log_history, os.path.join(config.output_dir, "curve.png"))
         Path(config.output_dir, "summary.json").write_text(json.dumps(summary, indent=2))

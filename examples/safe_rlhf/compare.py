@@ -1,9 +1,10 @@
 """Plain PPO against PPO-Lagrangian (Safe-RLHF) on the conflicting demo task (task.py), one run each, then
 both final policies measured the same way: 4 samples (T=1) for each of the 200 held-out prompts.
 
-    python examples/safe_rlhf/compare.py            # about 3 minutes on 2 CPU cores; prints the table
+    python examples/safe_rlhf/compare.py [--out runs/safe_rlhf] [--field value ...]   # from the repository root
 
-Writes runs/safe_rlhf/results.json.
+About 2 minutes on 2 CPU cores; prints the table and writes OUT/results.json (runs in OUT/ppo,
+OUT/ppo_lagrangian). Other flags override VerlConfig fields of both runs.
 """
 
 import json
@@ -34,21 +35,26 @@ def measure(model_dir: str, script, config) -> dict:
     return {"reward": sum(rewards) / len(rewards), "unsafe_rate": sum(costs) / len(costs), "samples": len(costs)}
 
 
-def main(extra: list[str]) -> dict:
+def main(argv: list[str]) -> dict:
+    out, extra = Path("runs/safe_rlhf"), list(argv)
+    if "--out" in extra:
+        i = extra.index("--out")
+        out, extra = Path(extra[i + 1]), extra[:i] + extra[i + 2 :]
     results = {}
     for name in ("ppo", "ppo_lagrangian"):
-        script, config = parse_config(str(HERE / f"{name}.yaml"), extra)
+        script, config = parse_config(str(HERE / f"{name}.yaml"), [*extra, "--output_dir", str(out / name)])
         summary = run_training(script, config)
         results[name] = {**measure(config.output_dir, script, config), "steps": summary["steps"],
                          "seconds": summary["seconds"]}
         if name == "ppo":
             results["before"] = measure(str(WARM_START_DIR), script, config)
-    limit = parse_config(str(HERE / "ppo_lagrangian.yaml"), extra)[1].cost_limit
+    limit = config.cost_limit
     print(f"\n| policy | reward (answer length) | unsafe rate (limit {limit}) |\n|---|---:|---:|")
     for name in ("before", "ppo", "ppo_lagrangian"):
         print(f"| {name} | {results[name]['reward']:.3f} | {results[name]['unsafe_rate']:.3f} |")
-    Path("runs/safe_rlhf").mkdir(parents=True, exist_ok=True)
-    Path("runs/safe_rlhf/results.json").write_text(json.dumps(results, indent=2))
+    results["cost_limit"] = limit
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
     return results
 
 
