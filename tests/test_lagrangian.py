@@ -31,3 +31,13 @@ def test_combined_advantage_by_hand():
 def test_unsafe_rate():
     assert unsafe_rate(torch.tensor([0.0, 1.0, -2.0, 0.5])) == 0.5
     assert unsafe_rate(torch.tensor([])) == 0.0
+
+
+def test_lambda_without_a_cap_stays_finite():
+    """A limit that is never met: lambda grows each step, up to the ceiling instead of past float range."""
+    from verl_hf.algorithms.lagrangian import LAMBDA_CEILING
+
+    log_lambda = 0.0
+    for _ in range(200):
+        log_lambda = lagrange_multiplier_step(log_lambda, 0.3, 0.0, 0.5)
+    assert log_lambda == pytest.approx(math.log(LAMBDA_CEILING))

@@ -156,6 +156,8 @@ def test_server_errors_name_the_fix(server, tmp_path):
         _check_server({**model, "logprobs_mode": "raw_logprobs"}, transfer, 128, server)
     with pytest.raises(ValueError, match="has no --weight-transfer-config"):
         _check_server(model, None, 128, server)
+    with pytest.raises(ValueError, match="restart it with --generation-config vllm"):
+        _check_server({**model, "generation_config": "auto"}, transfer, 128, server)
     model_, tokenizer = _policy(0.0, seed=0)
     with pytest.raises(ConnectionError, match="No vLLM server answers at vllm_server_url=http://127.0.0.1:"):
         _engine(f"http://127.0.0.1:{_free_port()}", model_, tokenizer)
@@ -198,7 +200,8 @@ def test_vllm_serve_helper_command():
     line = result.stdout.strip()
     assert line.startswith("VLLM_SERVER_DEV_MODE=1 ")
     for part in ("-m vllm.entrypoints.launchers.api_server.entry --model my/model", "--port 9001",
-                 "--logprobs-mode processed_logprobs", "--max-model-len 2048", "--seed 3", "--enable-prefix-caching"):
+                 "--logprobs-mode processed_logprobs", "--max-model-len 2048", "--seed 3", "--enable-prefix-caching",
+                 "--generation-config vllm", "--host 127.0.0.1"):
         assert part in line, part
     backend = "nccl" if torch.cuda.is_available() else "verl_hf_gloo"
     assert f"--weight-transfer-config '{{\"backend\": \"{backend}\"}}'" in line

@@ -75,6 +75,24 @@ def test_safety_config_errors(tmp_path):
         VerlConfig(**base, cost_funcs=["length"], lambda_max=0.5)
     with pytest.raises(ValueError, match="ReMax's baseline is the greedy response's reward"):
         VerlConfig(**base, cost_funcs=["length"], adv_estimator="remax", num_generations=2)
+    with pytest.raises(ValueError, match="set use_kl_in_reward=False"):
+        VerlConfig(**base, cost_funcs=["length"], use_kl_in_reward=True, kl_coef=0.01)
+    with pytest.raises(ValueError, match="cost_model_label_index is set but there is no cost_model_path"):
+        VerlConfig(**base, cost_model_label_index=1)
+
+
+def test_costs_may_judge_only_some_batches_and_failures_stop(tmp_path, warm_start_dir, addition):
+    """A cost function that returns None for a whole round is fine (cost 0); one that raises stops training
+    even with reward_on_error='zero' (a failed safety check must not count as safe)."""
+    args = small_config(tmp_path, max_steps=1, cost_funcs=["tests/cost_functions.py:judges_nothing"])
+    trainer = VerlTrainer(model=warm_start_dir, args=args, train_dataset=addition[0])
+    trainer.train()
+    assert _logs(trainer)[0]["cost/mean"] == 0.0
+    args = small_config(tmp_path, max_steps=1, cost_funcs=["tests/cost_functions.py:always_fails"],
+                        reward_on_error="zero")
+    trainer = VerlTrainer(model=warm_start_dir, args=args, train_dataset=addition[0])
+    with pytest.raises(RuntimeError, match="reward function 'always_fails' raised on sample 0"):
+        trainer.train()
 
 
 def test_cost_model_from_a_path(tmp_path, warm_start_dir, addition, tokenizer):

@@ -86,7 +86,7 @@ class RolloutBatch:
 
 # Fields shaped (B, Lr): padded on the right when batches are joined.
 TOKEN_FIELDS = ("response_ids", "response_mask", "rollout_logprobs", "old_logprobs", "ref_logprobs", "values",
-                "token_level_rewards", "advantages", "returns")
+                "token_level_rewards", "advantages", "returns", "cost_values", "cost_returns")
 
 
 def concat_batches(batches: list[RolloutBatch], pad_token_id: int) -> RolloutBatch:

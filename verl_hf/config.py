@@ -492,10 +492,16 @@ def _check_rewards(cfg: VerlConfig) -> None:
 def _check_safety(cfg: VerlConfig) -> None:
     if isinstance(cfg.cost_funcs, str):
         cfg.cost_funcs = [cfg.cost_funcs]
+    if cfg.cost_model_label_index is not None and not cfg.cost_model_path:
+        raise ValueError("cost_model_label_index is set but there is no cost_model_path.")
     if not cfg.safe_rl:
         if cfg.safety_filter_threshold is not None:
             raise ValueError("safety_filter_threshold needs costs: set cost_funcs or cost_model_path.")
         return
+    if cfg.use_kl_in_reward and cfg.adv_estimator != "gae":
+        raise ValueError(f"Safe-RLHF with adv_estimator={cfg.adv_estimator!r} normalises costs per group, so KL "
+                         f"cannot ride in the reward (it would become cost noise); set use_kl_in_reward=False (KL as "
+                         f"a loss term) or use adv_estimator='gae'.")
     if cfg.adv_estimator == "remax":
         raise ValueError("Safe-RLHF needs an advantage for costs too, but ReMax's baseline is the greedy response's "
                          "reward; use adv_estimator='gae' (PPO-Lagrangian), 'grpo' or 'rloo' with costs.")

@@ -31,9 +31,11 @@ class SafetyConstraint:
         return math.exp(self.log_lambda)
 
     def costs(self, prompts, completions, completion_ids, columns) -> tuple[torch.Tensor, dict[str, float]]:
-        """(costs (B,): the sum of the cost functions, 0 where none scored; metrics)."""
+        """(costs (B,): the sum of the cost functions, 0 where none judged a response; metrics). A cost function
+        that raises always stops training (reward_on_error does not apply): a failed check must not read as safe."""
         result = score_completions(self.cost_funcs, None, prompts=prompts, completions=completions,
-                                   completion_ids=completion_ids, columns=columns, on_error=self.args.reward_on_error)
+                                   completion_ids=completion_ids, columns=columns, on_error="raise",
+                                   require_scored=False)
         costs = torch.nan_to_num(result.rewards, nan=0.0)
         metrics = {"cost/mean": costs.mean().item(), "cost/unsafe_rate": unsafe_rate(costs)}
         metrics.update({k.replace("reward/", "cost/", 1): v for k, v in result.metrics().items()

@@ -90,6 +90,24 @@ class VerlTrainer(Trainer):
         self._last_phase_seconds = 0.0
         self._refill_order: list[int] = []
         self._rollout_calls: dict[int, int] = {}
+        self.last_round: RolloutBatch | None = None  # the latest scored round (CompletionSamplesCallback reads it)
+        for callback in self.callback_handler.callbacks:
+            _bind(callback, self)
+
+    def add_callback(self, callback):
+        super().add_callback(callback)
+        if hasattr(self, "last_round"):  # after __init__: bind now (during it, the loop above does)
+            for added in self.callback_handler.callbacks:
+                if added is callback or type(added) is callback:
+                    _bind(added, self)
+
+    def restore_checkpoint(self, checkpoint: str) -> None:
+        """Back to a checkpoint in-process (KLGuardCallback's rollback): policy weights, optimizer, scheduler
+        and the RL state (critic, KL controller, lambda); the step counter goes on, and a fresh round starts."""
+        self._load_from_checkpoint(checkpoint)
+        self._load_optimizer_and_scheduler(checkpoint)
+        self._round = []
+        self.actor.mark_weights_changed()
 
     # ------------------------------------------------------------------ the RL step
     def train(self, *args, **kwargs):
@@ -110,7 +128,7 @@ class VerlTrainer(Trainer):
             batch = self._add_old_logprobs(batch)               # 3b. behaviour log-probs, if the round spans updates
             batch = self._add_values(batch)                     # 3c. critic values (PPO)
             batch = self._compute_advantages(batch)             # 4. advantages (pure math)
-            self._round = self._plan_micro_batches(batch)
+            self._round, self.last_round = self._plan_micro_batches(batch), batch
             self._free_engine_memory()                          # 4b. vLLM sleep mode: memory to the update
         micro_batch = self._round[self._micro_step % self.args.micro_steps_per_round]
         self._micro_step += 1
@@ -187,18 +205,11 @@ class VerlTrainer(Trainer):
         return batch
 
     def _score_costs(self, batch: RolloutBatch) -> RolloutBatch:
-        """Safe-RLHF costs; every process adds every process's costs to its window (so lambda agrees); the
-        safety filter drops responses over its threshold like unscored ones."""
+        """Safe-RLHF costs; the safety filter drops responses over its threshold like unscored ones."""
         with self._timer("cost"):
             costs, metrics = self.safety.costs(batch.prompts, batch.completions, self._completion_ids(batch),
                                                batch.columns)
         batch.costs = costs.to(batch.response_mask.device)
-        everyone = costs.tolist()
-        if self.args.world_size > 1:
-            from accelerate.utils import gather_object
-
-            everyone = gather_object(everyone)
-        self.safety.observe(everyone)
         self._record(metrics)
         if self.args.safety_filter_threshold is not None:
             keep = batch.costs <= self.args.safety_filter_threshold
@@ -343,6 +354,14 @@ class VerlTrainer(Trainer):
         KL in the reward enters the cost with the opposite sign, so its weight stays kl_coef whatever lambda
         (Safe-RLHF's code puts half in each; that is the same up to kl_coef)."""
         mask = batch.response_mask.float()
+        # Once per round, on the round that trains (after dynamic sampling): every process adds every process's
+        # costs to its window, so lambda agrees everywhere without being sent.
+        everyone = batch.costs.tolist()
+        if self.args.world_size > 1:
+            from accelerate.utils import gather_object
+
+            everyone = gather_object(everyone)
+        self.safety.observe(everyone)
         self._record(self.safety.update_lambda(self.state.global_step))
         token_costs = place_outcome_rewards(batch.costs, mask)
         kl_in_reward = token_rewards - place_outcome_rewards(batch.rewards, mask)  # -beta * KL, or zeros
@@ -633,6 +652,12 @@ class VerlTrainer(Trainer):
         yield
         self._last_phase_seconds = time.perf_counter() - started
         self._record({f"time/{phase}": self._last_phase_seconds})
+
+
+def _bind(callback, trainer) -> None:
+    """Callbacks that need the trainer (its last round, reference, checkpoints) define `bind(trainer)`."""
+    if hasattr(callback, "bind"):
+        callback.bind(trainer)
 
 
 class _EngineWeightsChanged(TrainerCallback):

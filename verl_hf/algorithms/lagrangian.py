@@ -13,16 +13,20 @@ import math
 
 import torch
 
+LAMBDA_CEILING = 1e6
+
 
 def lagrange_multiplier_step(log_lambda: float, episode_cost: float, cost_limit: float, lambda_lr: float,
                              lambda_max: float | None = None) -> float:
     """One SGD step on log(lambda) for the loss -(J_C - d) * lambda; scalars in, the new log(lambda) out.
 
     Formula: log_lambda' = min(log_lambda + lr * (J_C - d) * exp(log_lambda), log(lambda_max)).
-    lambda grows while the mean episode cost J_C exceeds the limit d and shrinks once it is under it.
+    lambda grows while the mean episode cost J_C exceeds the limit d and shrinks once it is under it. Without
+    lambda_max, lambda is capped at LAMBDA_CEILING: a limit that is never met would otherwise grow it past
+    float range (the step is proportional to lambda).
     """
     updated = log_lambda + lambda_lr * (episode_cost - cost_limit) * math.exp(log_lambda)
-    return min(updated, math.log(lambda_max)) if lambda_max is not None else updated
+    return min(updated, math.log(lambda_max if lambda_max is not None else LAMBDA_CEILING))
 
 
 def lagrangian_advantages(reward_advantages: torch.Tensor, cost_advantages: torch.Tensor,

@@ -18,21 +18,31 @@ from typing import Callable
 ON_ERROR = ("raise", "zero")
 
 
-def run_coroutines(coroutines: list):
-    """Results of `coroutines`, run concurrently. Inside a running event loop (Jupyter) they run in a loop of
-    their own on a helper thread, since a running loop cannot be re-entered."""
+_LOOP: asyncio.AbstractEventLoop | None = None
+_LOOP_LOCK = threading.Lock()
+
+
+def _reward_loop() -> asyncio.AbstractEventLoop:
+    """One event loop for every async reward call of the process, running on a daemon thread: clients that
+    async reward functions create once (httpx, AsyncOpenAI) stay bound to it across batches, and it works
+    the same inside a running loop (Jupyter), which cannot be re-entered."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None:
+            _LOOP = asyncio.new_event_loop()
+            threading.Thread(target=_LOOP.run_forever, name="verl_hf-rewards", daemon=True).start()
+        return _LOOP
+
+
+def run_coroutines(coroutines: list) -> list:
+    """Results (or raised exceptions) of `coroutines`, run concurrently on the reward loop."""
+    if not coroutines:
+        return []
+
     async def gather():
         return await asyncio.gather(*coroutines, return_exceptions=True)
 
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(gather())
-    box = {}
-    thread = threading.Thread(target=lambda: box.setdefault("out", asyncio.run(gather())))
-    thread.start()
-    thread.join()
-    return box["out"]
+    return asyncio.run_coroutine_threadsafe(gather(), _reward_loop()).result()
 
 
 def call_all(reward_funcs: list[tuple[str, Callable]], batch: dict) -> list:
@@ -74,8 +84,8 @@ def recover(name: str, func: Callable, batch: dict, n: int, error: Exception, on
     if on_error == "zero":
         return [None if isinstance(r, Exception) else r for r in results]
     if not failed:
-        error.add_note(f"(raised inside reward function {name!r} on the whole batch; each sample alone passes)")
-        raise error
+        raise RuntimeError(f"reward function {name!r} raised on the whole batch of {n}, though each sample alone "
+                           f"passes: {type(error).__name__}: {error}") from error
     index, exc = failed[0], results[failed[0]]
     prompt = str(batch["prompts"][index])[:80]
     raise RuntimeError(f"reward function {name!r} raised on sample {index} of {n} ({len(failed)} fail; prompt "

@@ -138,14 +138,15 @@ def _check_inputs(reward_funcs, weights, completions, prompts,
 def score_completions(reward_funcs: list[tuple[str, Callable]],
                       weights: list[float] | None, *, prompts, completions,
                       completion_ids, columns: dict[str, list],
-                      on_error: str = "raise") -> RewardResult:
+                      on_error: str = "raise", require_scored: bool = True) -> RewardResult:
     """Call every reward function once on the batch and combine the scores.
 
     Each function gets prompts=, completions=, completion_ids= and the dataset
     columns as keyword arguments; async functions run concurrently (calling.py).
     reward[i] = sum over functions j that scored sample i of weights[j] *
     score[i, j] (weights default to 1.0). A function that raises: see
-    calling.recover (on_error 'raise' or 'zero').
+    calling.recover (on_error 'raise' or 'zero'). `require_scored=False` accepts a
+    batch that no function scored (costs: a cost that judges only some prompts).
     """
     if on_error not in ON_ERROR:
         raise ValueError(f"reward_on_error={on_error!r} must be one of {ON_ERROR}")
@@ -170,7 +171,7 @@ def score_completions(reward_funcs: list[tuple[str, Callable]],
             dtype=torch.float32)
     scored = ~torch.isnan(per_function)
     valid = scored.any(dim=1)
-    if not valid.any():
+    if require_scored and not valid.any():
         raise ValueError(
             f"every reward function returned None for all {n} samples of this "
             f"batch ({[name for name, _ in reward_funcs]}); make at least one "

@@ -19,10 +19,10 @@ from verl_hf.rewards.sandbox import run_code
 MATH_HINT = "math_verify needs the math-verify package: pip install 'verl-hf[math]' (or pip install math-verify)."
 
 
-def _math_equal(completion: str, truth, parse, verify) -> float:
+def _math_equal(completion: str, truth, parse, verify) -> float | None:
     gold = parse(str(truth)) or parse(f"${truth}$")  # plain answers and LaTeX both parse
     if not gold:
-        raise ValueError(f"math_verify cannot parse the ground truth {truth!r}; give it as a number or LaTeX.")
+        return None  # an unreadable ground truth cannot judge: the sample is left out (reward/excluded_frac)
     return 1.0 if verify(gold, parse(completion)) else 0.0
 
 
@@ -55,7 +55,7 @@ def length_reward(prompts, completions, completion_ids, **columns):
     return [float(len(ids)) for ids in completion_ids]
 
 
-_FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
+_FENCE = re.compile(r"```(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL)
 
 
 def extract_code(completion: str) -> str:
@@ -72,8 +72,8 @@ def code_reward(timeout_s: float = 5.0, memory_mb: int = 512, workers: int | Non
         if tests is None:
             return None
         tests = "\n".join(tests) if isinstance(tests, (list, tuple)) else str(tests)
-        return 1.0 if run_code(extract_code(completion) + "\n\n" + tests, timeout_s=timeout_s,
-                               memory_mb=memory_mb).passed else 0.0
+        return 1.0 if run_code(extract_code(completion) + "\n\n" + tests, timeout_s=timeout_s, memory_mb=memory_mb,
+                               as_main=False).passed else 0.0
 
     def code(prompts, completions, completion_ids, **columns):
         if "tests" not in columns:

@@ -68,8 +68,8 @@ class Actor(TrainableRole):
     def __init__(self, model, tokenizer=None, engine=None, temperature: float = 1.0, learning_rate: float = 1e-5,
                  max_grad_norm: float | None = 1.0, weight_sync=None):
         """`engine`: the rollout engine (default: HF generate on `model` itself). An engine with its own
-        weights (`engine.receives_weights`) is refreshed by `weight_sync` (default `WeightSync()`) before the
-        first generation and after every `step()`."""
+        weights (`engine.receives_weights`) is refreshed by `weight_sync` before the first generation and after
+        every `step()` (default `WeightSync()`; from process 0 alone for an engine `shared_by_processes`)."""
         super().__init__(model, tokenizer, learning_rate=learning_rate, max_grad_norm=max_grad_norm)
         if tokenizer is None:
             raise ValueError("Actor needs a tokenizer: Actor(model, tokenizer=...) or Actor.from_pretrained(path).")
@@ -81,7 +81,9 @@ class Actor(TrainableRole):
         if getattr(self.engine, "receives_weights", False):
             from ..sync import WeightSync
 
-            self.weight_sync = weight_sync or WeightSync()
+            # A server shared by all processes is fed by process 0 alone (the others only join ZeRO-3 gathers).
+            self.weight_sync = weight_sync or WeightSync(
+                owner_rank=0 if getattr(self.engine, "shared_by_processes", False) else None)
         elif getattr(self.engine, "model", None) is not model and is_zero3(model):
             raise ValueError(f"the rollout engine {type(self.engine).__name__} cannot receive weights, and the policy "
                              f"is sharded by DeepSpeed ZeRO-3: it would sample from stale weights. Use an engine "

@@ -28,7 +28,9 @@ def parse_serve_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(prog="verl-hf vllm-serve", description=__doc__.split("\n\n")[0],
                                      epilog="Other flags go to vLLM unchanged (see `vllm serve --help`).")
     parser.add_argument("model", help="The policy's model directory or Hub id (same architecture as the trainer's).")
-    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="127.0.0.1 by default: the weight-update routes have no authentication, so expose the "
+                             "server (--host 0.0.0.0) only on a network you trust.")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--transfer", choices=("auto", *TRANSPORTS), default="auto",
                         help=f"Weight-transfer backend: auto = nccl with a GPU, {GLOO_BACKEND} without.")
@@ -48,7 +50,7 @@ def serve_command(args: argparse.Namespace, passthrough: list[str], has_gpu: boo
         raise SystemExit(f"--transfer nccl needs GPUs; on this machine use --transfer {GLOO_BACKEND} (or auto).")
     cmd = [sys.executable, "-m", SERVER_MODULE, "--model", args.model, "--host", args.host, "--port", str(args.port),
            "--weight-transfer-config", json.dumps({"backend": transfer}), "--logprobs-mode", "processed_logprobs",
-           "--enable-prefix-caching", "--tensor-parallel-size", str(args.tensor_parallel_size)]
+           "--generation-config", "vllm", "--enable-prefix-caching", "--tensor-parallel-size", str(args.tensor_parallel_size)]
     if args.max_model_len:
         cmd += ["--max-model-len", str(args.max_model_len)]
     kv_mb = args.kv_cache_mb or (None if has_gpu else 256)

@@ -28,10 +28,12 @@ from .vllm_engine import _hf_weight_names, request_seeds, rollout_from_tokens, s
 from .vllm_transfer import TrainerSender, update_info, worker_init_info
 
 START_HINT = "start one with `verl-hf vllm-serve MODEL --port PORT` (see README, Rollout engines)"
+NEUTRAL_SAMPLING = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_p": 0.0}
 
 
 class VLLMServerEngine:
     receives_weights = True
+    shared_by_processes = True  # one server for all training processes: process 0 alone pushes weights
 
     def __init__(self, url: str, config, pad_token_id: int, eos_token_ids: list[int], *, max_model_len: int,
                  timeout_s: float = 600.0):
@@ -66,7 +68,10 @@ class VLLMServerEngine:
                                    f"without VLLM_SERVER_DEV_MODE=1, which enables the weight-transfer routes; "
                                    f"{START_HINT}.") from e
             raise RuntimeError(f"The vLLM server at {self.url} answered {method} {route} with {e.code}: {said}") from e
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+        except TimeoutError as e:
+            raise TimeoutError(f"The vLLM server at {self.url} did not answer {method} {route} within "
+                               f"vllm_server_timeout_s={self.timeout_s}; raise it or check the server's log.") from e
+        except (urllib.error.URLError, ConnectionError) as e:
             raise ConnectionError(f"No vLLM server answers at vllm_server_url={self.url} ({e}); {START_HINT}, "
                                   f"and wait until GET {self.url}/health answers.") from e
 
@@ -100,6 +105,8 @@ class VLLMServerEngine:
             server_side = pool.submit(self._call, "POST", "/update_weights",
                                       {"update_info": update_info(named_tensors)})
             for _, tensor in named_tensors:
+                if server_side.done():  # the server refused the update: do not wait in a broadcast it never joins
+                    server_side.result()
                 self._sender.broadcast(tensor)
             self._sender.synchronize()
             server_side.result()
@@ -115,8 +122,12 @@ class VLLMServerEngine:
 
     # ---------------------------------------------------------------- sampling
     def generate(self, prompt_ids: list[list[int]], params: SamplingConfig) -> Rollout:
+        if not prompt_ids:
+            raise ValueError("VLLMServerEngine.generate got no prompts.")
         fields = {k: v for k, v in sampling_fields(params, self.eos_token_ids).items() if v is not None}
-        base = dict(fields, model=self.model_name, return_token_ids=True, skip_special_tokens=False)
+        # Neutral values sent explicitly: the server would otherwise fill them from the model's
+        # generation_config.json (e.g. a repetition_penalty), sampling off-policy.
+        base = dict(fields, **NEUTRAL_SAMPLING, model=self.model_name, return_token_ids=True, skip_special_tokens=False)
         requests = [dict(base, prompt=list(p), seed=s) for p, s in zip(prompt_ids, request_seeds(params, len(prompt_ids)))]
         with ThreadPoolExecutor(min(64, len(requests))) as pool:
             answers = list(pool.map(lambda body: self._call("POST", "/v1/completions", body), requests))
@@ -135,6 +146,11 @@ def _check_server(model: dict, transfer: dict | None, max_model_len: int, url: s
         raise ValueError(f"The vLLM server at {url} returns logprobs_mode={model.get('logprobs_mode')!r}; the trainer "
                          f"needs sampling log-probs after temperature: restart it with --logprobs-mode "
                          f"processed_logprobs (`verl-hf vllm-serve` sets it).")
+    if model.get("generation_config", "vllm") != "vllm":
+        raise ValueError(f"The vLLM server at {url} takes sampling defaults from the model's generation_config "
+                         f"(--generation-config {model.get('generation_config')!r}); restart it with "
+                         f"--generation-config vllm (`verl-hf vllm-serve` sets it) so that it samples exactly as "
+                         f"the trainer asks.")
     if model["max_model_len"] < max_model_len:
         raise ValueError(f"The vLLM server at {url} has max_model_len={model['max_model_len']} but prompts + "
                          f"responses need {max_model_len} (max_prompt_length + max_response_length): restart it with "

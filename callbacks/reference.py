@@ -1,0 +1,40 @@
+"""`SyncRefModelCallback`: move the KL reference towards the policy every `sync_steps` optimizer steps.
+
+ref <- alpha * policy + (1 - alpha) * ref (TR-DPO's soft update, Gorbatovski et al. 2024; alpha = 1 copies
+the policy). A run that drifts far can so keep a useful KL anchor.
+
+See it work: tests/test_callbacks.py.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import TrainerCallback
+
+
+class SyncRefModelCallback(TrainerCallback):
+    def __init__(self, sync_steps: int = 64, alpha: float = 0.6):
+        if sync_steps < 1 or not 0 < alpha <= 1:
+            raise ValueError(f"SyncRefModelCallback needs sync_steps >= 1 and 0 < alpha <= 1 (got {sync_steps}, "
+                             f"{alpha}).")
+        self.sync_steps, self.alpha, self.trainer, self.syncs = sync_steps, alpha, None, 0
+
+    def bind(self, trainer) -> None:
+        ref = trainer.ref_policy
+        if ref is None:
+            raise ValueError("SyncRefModelCallback needs a KL reference: set kl_coef > 0.")
+        if ref.adapter_model is not None:
+            raise ValueError("SyncRefModelCallback: with PEFT the reference is the base model with adapters off "
+                             "(no copy to move); merge the adapter or train without PEFT.")
+        if getattr(ref, "engine", None) is not None or trainer.is_deepspeed_enabled:
+            raise ValueError("SyncRefModelCallback does not support DeepSpeed-sharded references yet.")
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % self.sync_steps:
+            return
+        policy = self.trainer.accelerator.unwrap_model(self.trainer.model)
+        with torch.no_grad():
+            for ref_param, param in zip(self.trainer.ref_policy.model.parameters(), policy.parameters()):
+                ref_param.mul_(1 - self.alpha).add_(param.to(ref_param.dtype), alpha=self.alpha)
+        self.syncs += 1

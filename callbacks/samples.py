@@ -1,0 +1,96 @@
+"""`CompletionSamplesCallback`: what the policy actually writes, at every logging step.
+
+Writes prompt, completion, reward (and each reward function's score), advantage and cost (Safe-RLHF) of the
+first `num_samples` rows of the latest rollout round to `<output_dir>/completions/`: one JSONL file appended
+at every log (`samples.jsonl`) and/or one parquet file per logging step. When the run reports to tensorboard,
+wandb or trackio, the same rows go there as a table.
+
+See it work: tests/test_callbacks.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from transformers import TrainerCallback
+
+FORMATS = ("jsonl", "parquet")
+
+
+class CompletionSamplesCallback(TrainerCallback):
+    def __init__(self, num_samples: int = 8, formats: tuple[str, ...] = ("jsonl",)):
+        bad = sorted(set(formats) - set(FORMATS))
+        if bad or not formats:
+            raise ValueError(f"CompletionSamplesCallback formats {list(formats)}: choose from {FORMATS}.")
+        if num_samples < 1:
+            raise ValueError(f"CompletionSamplesCallback num_samples={num_samples} must be >= 1.")
+        self.num_samples, self.formats, self.trainer = num_samples, tuple(formats), None
+
+    def bind(self, trainer) -> None:
+        """Called by VerlTrainer: the rows come from its latest rollout round."""
+        self.trainer = trainer
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        batch = getattr(self.trainer, "last_round", None)
+        if batch is None or not logs or "reward/mean" not in logs or not state.is_world_process_zero:
+            return
+        rows = sample_rows(batch, [name for name, _ in self.trainer.reward_funcs], state.global_step, self.num_samples)
+        folder = os.path.join(args.output_dir, "completions")
+        os.makedirs(folder, exist_ok=True)
+        if "jsonl" in self.formats:
+            with open(os.path.join(folder, "samples.jsonl"), "a") as f:
+                f.writelines(json.dumps(row) + "\n" for row in rows)
+        if "parquet" in self.formats:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            pq.write_table(pa.Table.from_pylist(rows), os.path.join(folder, f"step_{state.global_step}.parquet"))
+        _to_trackers(self.trainer, args, rows, state.global_step)
+
+
+def sample_rows(batch, reward_names: list[str], step: int, count: int) -> list[dict]:
+    """The first `count` rows of a scored RolloutBatch as plain dicts (advantage: mean over the response)."""
+    mask = batch.response_mask.float()
+    advantage = ((batch.advantages * mask).sum(1) / mask.sum(1).clamp(min=1)).tolist() \
+        if batch.advantages is not None else [None] * len(batch)
+    rows = []
+    for i in range(min(count, len(batch))):
+        per_function = batch.reward_per_function[i].tolist() if batch.reward_per_function is not None else []
+        row = {"step": step, "prompt": _text(batch.prompts[i]), "completion": batch.completions[i],
+               "reward": float(batch.rewards[i]), "advantage": advantage[i],
+               **{f"reward/{n}": (None if torch.isnan(torch.tensor(v)) else v) for n, v in zip(reward_names, per_function)}}
+        if batch.costs is not None:
+            row["cost"] = float(batch.costs[i])
+        rows.append(row)
+    return rows
+
+
+def _text(prompt) -> str:
+    return prompt if isinstance(prompt, str) else json.dumps(prompt)
+
+
+def _to_trackers(trainer, args, rows: list[dict], step: int) -> None:
+    """The rows as a table in each enabled tracker: tensorboard (markdown text), wandb and trackio (tables)."""
+    report_to = args.report_to or []
+    if "tensorboard" in report_to:
+        for callback in trainer.callback_handler.callbacks:
+            writer = getattr(callback, "tb_writer", None)
+            if writer is not None:
+                columns = list(rows[0])
+                lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+                lines += ["| " + " | ".join(str(r[c]).replace("|", "\\|").replace("\n", " ") for c in columns) + " |"
+                          for r in rows]
+                writer.add_text("completions", "\n".join(lines), step)
+    if "wandb" in report_to:
+        import wandb
+
+        if wandb.run is not None:
+            wandb.log({"completions": wandb.Table(columns=list(rows[0]), data=[list(r.values()) for r in rows])},
+                      step=step)
+    if "trackio" in report_to:
+        import pandas as pd
+        import trackio
+
+        trackio.log({"completions": trackio.Table(dataframe=pd.DataFrame(rows))}, step=step)
