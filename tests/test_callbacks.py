@@ -38,13 +38,13 @@ def _train(tmp_path, warm_start_dir, addition, callbacks, eval_dataset=None, **o
     return trainer
 
 
-def test_completion_samples_go_to_jsonl_parquet_and_tensorboard(tmp_path, warm_start_dir, addition):
+def test_completion_samples_go_to_jsonl_parquet_and_tensorboard(tmp_path, warm_start_dir, addition, monkeypatch):
     import pyarrow.parquet as pq
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
     samples = CompletionSamplesCallback(num_samples=3, formats=("jsonl", "parquet"))
-    trainer = _train(tmp_path, warm_start_dir, addition, [samples], max_steps=2, report_to=["tensorboard"],
-                     logging_dir=str(tmp_path / "tb"))
+    trainer = _train(tmp_path, warm_start_dir, addition, [samples], max_steps=2, report_to=["tensorboard"])
     out = tmp_path / "out" / "completions"
     rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and [r["step"] for r in rows] == [1, 1, 1, 2, 2, 2]
