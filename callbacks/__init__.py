@@ -7,6 +7,7 @@ guards.py       KLGuardCallback (stop or roll back on KL blow-up or entropy coll
                 RewardTargetStoppingCallback
 checkpoints.py  BestRewardCheckpointCallback: keep the best checkpoint by an eval metric
 reference.py    SyncRefModelCallback: move the KL reference towards the policy
+hub.py          PushToHubCallback: publish the actor at intervals
 
 Callbacks that need the trainer itself define `bind(trainer)`; VerlTrainer calls it.
 
@@ -15,10 +16,11 @@ See it work: tests/test_callbacks.py.
 
 from .checkpoints import BestRewardCheckpointCallback
 from .guards import KLGuardCallback, RewardTargetStoppingCallback
+from .hub import PushToHubCallback
 from .plots import RewardCurvePlotCallback
 from .progress import RLProgressCallback
 from .reference import SyncRefModelCallback
 from .samples import CompletionSamplesCallback
 
-__all__ = ["BestRewardCheckpointCallback", "CompletionSamplesCallback", "KLGuardCallback", "RLProgressCallback",
-           "RewardCurvePlotCallback", "RewardTargetStoppingCallback", "SyncRefModelCallback"]
+__all__ = ["BestRewardCheckpointCallback", "CompletionSamplesCallback", "KLGuardCallback", "PushToHubCallback",
+           "RLProgressCallback", "RewardCurvePlotCallback", "RewardTargetStoppingCallback", "SyncRefModelCallback"]

@@ -206,6 +206,13 @@ class VerlConfig(TrainingArguments):
                        "the rate). None: keep all."),
     )
 
+    # ----- saving and publishing -----
+    save_merged_model: bool = field(
+        default=False,
+        metadata=_help("PEFT runs: save_model / push_to_hub write the adapter merged into the base model (a plain "
+                       "transformers model) instead of the adapter alone; checkpoints keep the adapter."),
+    )
+
     # ----- algorithm -----
     adv_estimator: str = field(default="grpo", metadata=_help("Advantage estimator, by registered name."))
     norm_adv_by_std_in_grpo: bool = field(

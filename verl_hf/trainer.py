@@ -18,8 +18,9 @@ from contextlib import contextmanager
 
 import torch
 from transformers import Trainer, TrainerCallback
-from transformers.trainer_utils import speed_metrics
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, speed_metrics
 
+from . import publish
 from . import trainer_setup as setup
 from .algorithms import agg_loss, get_advantage_estimator, get_policy_loss, kl_penalty, masked_mean
 from .algorithms import lagrangian_advantages, place_outcome_rewards, rollout_is_weights, value_loss
@@ -487,6 +488,42 @@ class VerlTrainer(Trainer):
             norm = critic.step()
             if norm is not None:
                 self._record({f"{prefix}/grad_norm": norm})
+
+    # ------------------------------------------------------------------ saving and publishing the actor
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """The Trainer's save (weights, tokenizer), plus verl_config.json; PEFT runs with save_merged_model
+        write the merged model (checkpoints keep the adapter, which resuming needs)."""
+        super().save_model(output_dir, _internal_call)
+        output_dir = output_dir or self.args.output_dir
+        if not self.args.should_save:
+            return
+        if self.args.save_merged_model and not os.path.basename(os.path.normpath(output_dir)).startswith(
+                PREFIX_CHECKPOINT_DIR):
+            self._save_merged(output_dir)
+        publish.write_run_config(self, output_dir)
+
+    def _save_merged(self, output_dir: str) -> None:
+        import copy
+
+        model = self.accelerator.unwrap_model(self.model)
+        if not hasattr(model, "merge_and_unload"):
+            return  # not a PEFT model: the plain save already wrote the full model
+        if self.is_deepspeed_enabled:
+            raise ValueError("save_merged_model under DeepSpeed: save the adapter (save_merged_model=False) and merge "
+                             "it afterwards with peft's merge_and_unload().")
+        copy.deepcopy(model).merge_and_unload().save_pretrained(output_dir)
+        for name in ("adapter_model.safetensors", "adapter_model.bin", "adapter_config.json"):
+            path = os.path.join(output_dir, name)
+            if os.path.exists(path):
+                os.remove(path)
+
+    def create_model_card(self, model_name: str | None = None, **kwargs) -> None:
+        """README.md for the Hub: algorithm, base model, data, a reward table and how to load the actor."""
+        if not self.is_world_process_zero():
+            return
+        repo_id = self.hub_model_id or model_name or os.path.basename(os.path.normpath(self.args.output_dir))
+        with open(os.path.join(self.args.output_dir, "README.md"), "w") as f:
+            f.write(publish.model_card(publish.run_info(self), repo_id))
 
     # ------------------------------------------------------------------ checkpoints: the critic travels along
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:

@@ -1,0 +1,133 @@
+"""What a saved or published actor carries besides its weights: `verl_config.json` (algorithm, hyper-parameters,
+reward and cost functions, data, library versions) and a model card (README.md).
+
+VerlTrainer.save_model writes verl_config.json next to the weights (checkpoints included); push_to_hub writes
+the model card and uploads the folder like any transformers Trainer.
+
+See it work: tests/test_publish.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+
+CONFIG_FILE = "verl_config.json"
+ALGORITHM_NAMES = {"grpo": "GRPO", "gae": "PPO", "rloo": "RLOO", "remax": "ReMax", "reinforce_plus_plus": "REINFORCE++",
+                   "reinforce_plus_plus_baseline": "REINFORCE++ (baseline)", "grpo_passk": "GRPO (pass@k)",
+                   "opo": "OPO", "gpg": "GPG"}
+LIBRARIES = ("verl_hf", "torch", "transformers", "accelerate", "peft", "datasets", "deepspeed", "vllm")
+
+
+def algorithm_name(args) -> str:
+    name = ALGORITHM_NAMES.get(args.adv_estimator, args.adv_estimator)
+    if args.adv_estimator == "grpo" and not args.norm_adv_by_std_in_grpo:
+        name = "Dr.GRPO"
+    if args.safe_rl:
+        name += "-Lagrangian (Safe-RLHF)" if args.adv_estimator == "gae" else " with a Lagrangian cost constraint (Safe-RLHF)"
+    return name
+
+
+def library_versions() -> dict[str, str | None]:
+    versions = {}
+    for module in LIBRARIES:
+        try:
+            versions[module] = importlib.import_module(module).__version__
+        except Exception:  # noqa: BLE001 - absent or broken: recorded as None
+            versions[module] = None
+    return versions
+
+
+def run_info(trainer) -> dict:
+    """Everything verl_config.json records about the run (JSON-safe)."""
+    args = trainer.args
+    rewards = [{"name": name, "weight": weight} for (name, _), weight in zip(trainer.reward_funcs, trainer.reward_weights)]
+    costs = [name for name, _ in trainer.safety.cost_funcs] if trainer.safety is not None else []
+    base = trainer.accelerator.unwrap_model(trainer.model)
+    base = base.get_base_model() if hasattr(base, "get_base_model") else base
+    return {
+        "algorithm": algorithm_name(args),
+        "base_model": getattr(base.config, "_name_or_path", None) or None,
+        "peft": hasattr(trainer.accelerator.unwrap_model(trainer.model), "peft_config") and not args.save_merged_model,
+        "steps": trainer.state.global_step,
+        "rewards": rewards,
+        "costs": costs,
+        "lagrange_lambda": trainer.safety.lagrange_lambda if trainer.safety is not None else None,
+        "data": {"train": _dataset_label(trainer, trainer.train_dataset), "eval": _dataset_label(trainer, trainer.eval_dataset)},
+        "metrics": latest_metrics(trainer.state.log_history),
+        "library_versions": library_versions(),
+        "config": json.loads(args.to_json_string()),  # tokens are masked by TrainingArguments
+    }
+
+
+def _dataset_label(trainer, dataset) -> dict | None:
+    if dataset is None or not hasattr(dataset, "__len__"):
+        return None
+    name = getattr(trainer, "dataset_name", None) or getattr(getattr(dataset, "info", None), "dataset_name", None)
+    return {"name": name, "rows": len(dataset)}
+
+
+def latest_metrics(log_history: list[dict]) -> dict[str, float]:
+    """The latest logged value of each reward, cost, lambda and evaluation metric."""
+    keep = ("reward/", "cost/", "safety/", "eval_reward", "eval_accuracy", "eval_cost", "eval_unsafe_rate", "kl")
+    latest = {}
+    for entry in log_history:
+        for key, value in entry.items():
+            if key.startswith(keep) and isinstance(value, (int, float)):
+                latest[key] = value
+    return latest
+
+
+def write_run_config(trainer, output_dir: str) -> None:
+    with open(os.path.join(output_dir, CONFIG_FILE), "w") as f:
+        json.dump(run_info(trainer), f, indent=2, sort_keys=True)
+
+
+def model_card(info: dict, repo_id: str) -> str:
+    """The model card (README.md) for a run described by `info` (see run_info)."""
+    tags = ["verl_hf", "reinforcement-learning", info["algorithm"].split(" ")[0].lower()]
+    front = ["---", "library_name: " + ("peft" if info["peft"] else "transformers")]
+    if info["base_model"] and not os.path.isabs(info["base_model"]) and not os.path.exists(info["base_model"]):
+        front.append(f"base_model: {info['base_model']}")  # Hub ids only: a local path is no valid base_model
+    front += ["tags:", *[f"- {t}" for t in tags], "---", ""]
+    data = info["data"]["train"] or {}
+    lines = [f"# {repo_id.split('/')[-1]}", "",
+             f"{info['base_model'] or 'A language model'} trained with **{info['algorithm']}** for {info['steps']} "
+             f"optimizer steps with verl_hf (online RL on the HuggingFace Trainer).", "", "## Training", "", "| | |", "|---|---|",
+             f"| algorithm | {info['algorithm']} |", f"| base model | {info['base_model'] or 'unknown'} |",
+             f"| data | {data.get('name') or 'a prompt dataset'} ({data.get('rows', '?')} prompts) |",
+             f"| steps | {info['steps']} |"]
+    config = info["config"]
+    for key in ("learning_rate", "num_generations", "per_device_train_batch_size", "max_response_length", "kl_coef"):
+        lines.append(f"| {key} | {config.get(key)} |")
+    lines += ["", "## Rewards", "", "| reward function | weight | last training mean | held-out mean |",
+              "|---|---:|---:|---:|"]
+    metrics = info["metrics"]
+    for reward in info["rewards"]:
+        train = metrics.get(f"reward/{reward['name']}/mean")
+        held_out = metrics.get(f"eval_reward/{reward['name']}")
+        lines.append(f"| {reward['name']} | {reward['weight']:g} | {_fmt(train)} | {_fmt(held_out)} |")
+    lines.append(f"| **total** | | {_fmt(metrics.get('reward/mean'))} | {_fmt(metrics.get('eval_reward'))} |")
+    if info["costs"]:
+        lines += ["", "## Safety (Safe-RLHF)", "", f"Cost functions: {', '.join(info['costs'])}; cost limit "
+                  f"{config.get('cost_limit')}; final lambda {_fmt(info['lagrange_lambda'])}; last training unsafe "
+                  f"rate {_fmt(metrics.get('cost/unsafe_rate'))}; held-out unsafe rate "
+                  f"{_fmt(metrics.get('eval_unsafe_rate'))}."]
+    lines += ["", "## How to load", "", "```python", *_load_snippet(info, repo_id), "```", "",
+              "The whole configuration, the reward functions and the library versions are in `verl_config.json`.", ""]
+    return "\n".join(front + lines)
+
+
+def _load_snippet(info: dict, repo_id: str) -> list[str]:
+    if info["peft"]:
+        return ["from peft import AutoPeftModelForCausalLM", "from transformers import AutoTokenizer", "",
+                f'model = AutoPeftModelForCausalLM.from_pretrained("{repo_id}")',
+                f'tokenizer = AutoTokenizer.from_pretrained("{repo_id}")']
+    return ["from transformers import AutoModelForCausalLM, AutoTokenizer", "",
+            f'model = AutoModelForCausalLM.from_pretrained("{repo_id}")',
+            f'tokenizer = AutoTokenizer.from_pretrained("{repo_id}")']
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.4g}"
