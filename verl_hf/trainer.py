@@ -34,6 +34,7 @@ from .roles import Actor
 CRITIC_DIR = "critic"
 COST_CRITIC_DIR = "cost_critic"
 KL_CTRL_FILE = "kl_controller.json"
+ROUND_FILE = "rl_round_{}.pt"  # per process: the rollout round in progress, so a resume continues it exactly
 SAFETY_FILE = "safety.json"
 
 
@@ -528,6 +529,7 @@ class VerlTrainer(Trainer):
     # ------------------------------------------------------------------ checkpoints: the critic travels along
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         super()._save_optimizer_and_scheduler(output_dir)
+        self._save_round_state(output_dir)
         if self.args.should_save:
             with open(os.path.join(output_dir, KL_CTRL_FILE), "w") as f:
                 json.dump({"controller": self.kl_ctrl.state_dict(), "pending": getattr(self, "_kl_seen", None)}, f)
@@ -541,8 +543,30 @@ class VerlTrainer(Trainer):
                 self.safety.cost_critic.save_checkpoint(os.path.join(output_dir, COST_CRITIC_DIR),
                                                         main_process=self.args.should_save)
 
+    def _save_round_state(self, output_dir: str) -> None:
+        """The round being trained (its planned micro-batches: samples, behaviour log-probs, advantages), where
+        in it the run is, the refill stream of dynamic sampling and the metrics not yet logged. Without them a
+        checkpoint taken inside a multi-step round would resume on a freshly sampled round."""
+        state = {"round": self._round, "micro_step": self._micro_step, "last_round": self.last_round,
+                 "round_size": getattr(self, "_round_size", None), "refill_order": self._refill_order,
+                 "rollout_calls": self._rollout_calls, "metrics": dict(self._metrics)}
+        torch.save(state, os.path.join(output_dir, ROUND_FILE.format(self.args.process_index)))
+
+    def _load_round_state(self, checkpoint: str) -> None:
+        path = os.path.join(checkpoint, ROUND_FILE.format(self.args.process_index))
+        if not os.path.exists(path):  # an older checkpoint: the round restarts (see _sync_round_position)
+            return
+        state = torch.load(path, weights_only=False)
+        self._round, self._micro_step, self.last_round = state["round"], state["micro_step"], state["last_round"]
+        self._round_size, self._refill_order = state["round_size"], state["refill_order"]
+        self._rollout_calls = state["rollout_calls"]
+        self._metrics = defaultdict(list, state["metrics"])
+        self._position_synced = True
+
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None:
+            self._load_round_state(checkpoint)
         if checkpoint is not None and os.path.exists(os.path.join(checkpoint, KL_CTRL_FILE)):
             with open(os.path.join(checkpoint, KL_CTRL_FILE)) as f:
                 saved = json.load(f)
