@@ -44,7 +44,11 @@ def test_train_command_runs_and_writes_outputs(tmp_path):
 
 def test_env_and_help(capsys):
     assert main(["env"]) == 0
-    assert "transformers:" in capsys.readouterr().out
+    report = capsys.readouterr().out
+    for line in ("transformers: ", "deepspeed: ", "vllm: ", "vllm distribution: ", "devices: cuda=",
+                 "deepspeed accelerator: "):
+        assert line in report, line
+    assert report.startswith("```") and report.rstrip().endswith("```")  # pastes as a block
     assert main(["--help"]) == 0
     with pytest.raises(SystemExit, match="unknown command"):
         main(["trian"])

