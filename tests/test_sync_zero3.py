@@ -1,6 +1,7 @@
 """The weight sync on real ZeRO-3 partitions, two processes under `accelerate launch` (DeepSpeed over gloo):
 the chunked partition gather (to every rank, or to one owner rank only), a verified sync into inference
-copies, and the error for an engine that cannot receive weights. The full training runs are in
+copies, a failed push on the owner rank (every rank raises, none hangs), and the error for an engine that
+cannot receive weights. The full training runs are in
 test_distributed.py."""
 
 import os
@@ -57,6 +58,25 @@ SCRIPT = textwrap.dedent('''
         assert pushed > 0 and all(torch.equal(weights[n], p) for n, p in full.named_parameters())
     else:
         assert pushed == 0 and all(bool((w == 0).all()) for w in weights.values())
+
+    # 3b. the owner's engine fails in the middle: no process hangs in a gather, every process raises
+    class Broken(type(engine)):
+        calls = 0
+        def load_weights(self, named_tensors):
+            Broken.calls += 1
+            if Broken.calls == 2:
+                raise OSError("the rollout server went away")
+            return super().load_weights(named_tensors)
+    broken = HFGenerateEngine.inference_copy(model, tok.pad_token_id, [tok.eos_token_id])
+    broken.__class__ = Broken
+    try:
+        WeightSync(bucket_mb=0.5, owner_rank=0).sync(model, broken)
+    except OSError as e:
+        assert rank == 0 and "went away" in str(e), e
+    except RuntimeError as e:
+        assert rank == 1 and "process 0 failed to push the weights" in str(e), e
+    else:
+        raise AssertionError("a failed push raised nothing")
 
     # 4. an engine that cannot receive weights is refused for a ZeRO-3 policy
     class FixedWeights:

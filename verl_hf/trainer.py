@@ -751,21 +751,24 @@ def _advantage_groups(batch: RolloutBatch) -> torch.Tensor:
     return torch.where(batch.valid.to(batch.group_ids.device), batch.group_ids, own)
 
 
-def _group_all_equal(batch: RolloutBatch) -> torch.Tensor:
-    """(B,) True where the row's group has fewer than two distinct rewards among its scored rows."""
+def _group_all_equal(batch: RolloutBatch, values: torch.Tensor) -> torch.Tensor:
+    """(B,) True where the row's group has fewer than two distinct `values` (B,) among its scored rows."""
     _, inverse = torch.unique(batch.group_ids, return_inverse=True)
     groups = int(inverse.max()) + 1 if len(inverse) else 0
-    valid = batch.valid if batch.valid is not None else torch.ones_like(batch.rewards, dtype=torch.bool)
-    rewards = batch.rewards
-    high = torch.full((groups,), -torch.inf, device=rewards.device).scatter_reduce(
-        0, inverse, torch.where(valid, rewards, -torch.inf), "amax")
-    low = torch.full((groups,), torch.inf, device=rewards.device).scatter_reduce(
-        0, inverse, torch.where(valid, rewards, torch.inf), "amin")
+    valid = batch.valid if batch.valid is not None else torch.ones_like(values, dtype=torch.bool)
+    high = torch.full((groups,), -torch.inf, device=values.device).scatter_reduce(
+        0, inverse, torch.where(valid, values, -torch.inf), "amax")
+    low = torch.full((groups,), torch.inf, device=values.device).scatter_reduce(
+        0, inverse, torch.where(valid, values, torch.inf), "amin")
     return (high <= low)[inverse]
 
 
 def _split_informative(batch: RolloutBatch):
-    flat = _group_all_equal(batch)
+    """(informative rows, flat rows). With Safe-RLHF costs a group also informs when only its costs differ:
+    its cost advantages are not zero."""
+    flat = _group_all_equal(batch, batch.rewards)
+    if batch.costs is not None:
+        flat = flat & _group_all_equal(batch, batch.costs.to(batch.rewards.device))
     return batch.select(~flat), batch.select(flat)
 
 

@@ -79,7 +79,9 @@ def code_reward(timeout_s: float = 5.0, memory_mb: int = 512, workers: int | Non
         if "tests" not in columns:
             raise ValueError(f"reward 'code' needs a column 'tests' (test code or a list of asserts); the batch has "
                              f"{sorted(columns)} (map one with data_key_map).")
-        with ThreadPoolExecutor(workers or os.cpu_count() or 1) as pool:
+        # One core per program, shared among the training processes of this machine.
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        with ThreadPoolExecutor(workers or max(1, (os.cpu_count() or 1) // local)) as pool:
             return list(pool.map(run_one, completions, columns["tests"]))
 
     return code

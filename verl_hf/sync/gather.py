@@ -67,14 +67,6 @@ def process_rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def wait_for_owner() -> None:
-    """Every process waits here until the engine's owner has finished pushing (a barrier; no-op alone)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
-
-
 def gathered_params(params: list[torch.Tensor]):
     """A context in which ZeRO-3 parameters hold their full tensors (DeepSpeed's GatheredParameters, one
     all-gather); a no-op for ordinary parameters."""

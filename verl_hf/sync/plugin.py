@@ -14,11 +14,26 @@ import time
 
 import torch
 
-from .gather import (bucket_tensors, engine_names, gathered, plan_buckets, process_rank, unit_tensors, wait_for_owner,
-                     weight_units)
+from .gather import bucket_tensors, engine_names, gathered, plan_buckets, process_rank, unit_tensors, weight_units
 from .memory import PeakMemory
 from .names import check_names
 from .push import mismatched_weights, push_bucket
+
+
+def _shared_failure(failure: Exception | None, owner_rank: int) -> Exception | None:
+    """Every process learns whether the owner's push failed (a barrier and one small all-reduce)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return failure
+    flag = torch.tensor([1.0 if failure is not None else 0.0])
+    if dist.get_backend() == "nccl":
+        flag = flag.cuda()
+    dist.all_reduce(flag)
+    if failure is None and flag.item() > 0:
+        return RuntimeError(f"process {owner_rank} failed to push the weights into the shared rollout engine; its "
+                            f"log has the cause.")
+    return failure
 
 
 class WeightSync:
@@ -45,23 +60,17 @@ class WeightSync:
     def sync(self, model: torch.nn.Module, engine) -> dict[str, float]:
         """Push every weight of `model` into `engine`; returns `sync/*` metrics."""
         units = weight_units(model)
-        if self.owns_engine and not self._names_checked:
-            check_names(engine_names(units), set(engine.weight_names()))
-            self._names_checked = True
         buckets, self.bucket_bytes = plan_buckets(units, self.bucket_bytes)
         device = next(model.parameters()).device
-        started, pushed = time.perf_counter(), 0
-        if self.owns_engine and hasattr(engine, "prepare_for_weights"):
-            engine.prepare_for_weights()
+        started = time.perf_counter()
         with PeakMemory(device) as peak:
-            for bucket in buckets:
-                with bucket_tensors(bucket, device, dst=self.owner_rank) as tensors:
-                    if self.owns_engine:
-                        pushed += push_bucket(engine, tensors)
-        if self.owns_engine and hasattr(engine, "finish_sync"):
-            engine.finish_sync()
+            pushed, failure = self._push_all(units, buckets, device, engine)
         if self.owner_rank is not None:
-            wait_for_owner()  # the others sample from the same engine next: not before it holds the new weights
+            # The others sample from the same engine next: not before it holds the new weights, and every
+            # process learns whether it does.
+            failure = _shared_failure(failure, self.owner_rank)
+        if failure is not None:
+            raise failure
         seconds = time.perf_counter() - started
         metrics = {"sync/seconds": seconds, "sync/gigabytes": pushed / 1e9, "sync/gb_per_s": pushed / 1e9 / max(seconds, 1e-9),
                    "sync/buckets": float(len(buckets))}
@@ -70,6 +79,32 @@ class WeightSync:
         if self.verify:
             self.check(model, engine, buckets)
         return metrics
+
+    def _push_all(self, units, buckets, device, engine) -> tuple[int, Exception | None]:
+        """(bytes pushed, the exception that stopped the pushing). A failed push must not leave the other
+        processes waiting in the next gather: the owner keeps joining every gather and reports at the end."""
+        pushed, failure = 0, None
+        try:
+            if self.owns_engine and not self._names_checked:
+                check_names(engine_names(units), set(engine.weight_names()))
+                self._names_checked = True
+            if self.owns_engine and hasattr(engine, "prepare_for_weights"):
+                engine.prepare_for_weights()
+        except Exception as exc:  # noqa: BLE001 - raised by sync() after the collectives
+            failure = exc
+        for bucket in buckets:
+            with bucket_tensors(bucket, device, dst=self.owner_rank) as tensors:
+                if self.owns_engine and failure is None:
+                    try:
+                        pushed += push_bucket(engine, tensors)
+                    except Exception as exc:  # noqa: BLE001
+                        failure = exc
+        if self.owns_engine and failure is None and hasattr(engine, "finish_sync"):
+            try:
+                engine.finish_sync()
+            except Exception as exc:  # noqa: BLE001
+                failure = exc
+        return pushed, failure
 
     def check(self, model: torch.nn.Module, engine, buckets=None) -> None:
         """Compare the engine's weights with the training weights gathered by DeepSpeed's own
