@@ -100,13 +100,20 @@ def test_cost_model_from_a_path(tmp_path, warm_start_dir, addition, tokenizer):
     import torch
     from transformers import AutoModelForSequenceClassification
 
-    torch.manual_seed(0)
+    torch.manual_seed(123)  # not the run's seed: its head must differ from a fresh one
     path = tmp_path / "cost_model"
     AutoModelForSequenceClassification.from_pretrained(warm_start_dir, num_labels=1).save_pretrained(path)
     tokenizer.save_pretrained(path)
     args = small_config(tmp_path, max_steps=1, cost_model_path=str(path))
     trainer = VerlTrainer(model=warm_start_dir, args=args, train_dataset=addition[0])
     assert [name for name, _ in trainer.safety.cost_funcs] == ["cost_model"]
+    # Under PPO the cost critic starts from the cost model (its backbone and scoring head), as in Safe-RLHF.
+    ppo = VerlTrainer(model=warm_start_dir, train_dataset=addition[0], args=small_config(
+        tmp_path / "ppo", max_steps=1, cost_model_path=str(path), adv_estimator="gae", num_generations=1))
+    cost_model = dict(ppo.safety.cost_funcs[0][1].model.named_parameters())
+    critic = dict(ppo.safety.cost_critic.model.named_parameters())
+    assert torch.equal(critic["score.weight"], cost_model["score.weight"])
+    assert not torch.equal(critic["score.weight"], dict(ppo.critic.model.named_parameters())["score.weight"])
     trainer.train()
     log = _logs(trainer)[0]
     assert log["cost/cost_model/mean"] == pytest.approx(log["cost/mean"])

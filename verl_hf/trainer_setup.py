@@ -71,8 +71,19 @@ def make_safety(trainer, policy, args: VerlConfig):
         specs.append(model)
     cost_funcs = resolve_reward_funcs(specs)
     place_reward_models(trainer, cost_funcs)
-    cost_critic = make_critic(None, policy, args, trainer=trainer) if args.adv_estimator == "gae" else None
+    cost_critic = make_critic(cost_critic_start(args), policy, args, trainer=trainer) \
+        if args.adv_estimator == "gae" else None
     return SafetyConstraint(cost_funcs, args, cost_critic)
+
+
+def cost_critic_start(args: VerlConfig) -> str | None:
+    """Where the cost critic starts: the cost model itself when it has one output (as Safe-RLHF does: it already
+    judges costs), else the policy's checkpoint (None)."""
+    from transformers import AutoConfig
+
+    if args.cost_model_path and getattr(AutoConfig.from_pretrained(args.cost_model_path), "num_labels", 1) == 1:
+        return args.cost_model_path
+    return None
 
 
 def load_score_model(path: str, label_index: int | None) -> RewardModel:
