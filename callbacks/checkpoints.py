@@ -26,6 +26,13 @@ class BestRewardCheckpointCallback(TrainerCallback):
         self.best: dict | None = None
         self._latest: dict | None = None
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        """A resumed run starts from the best kept so far, not from nothing."""
+        kept = os.path.join(args.output_dir, self.dirname, "best.json")
+        if self.best is None and os.path.exists(kept):
+            with open(kept) as f:
+                self.best = json.load(f)
+
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         if metrics and self.metric in metrics:
             self._latest = {"step": state.global_step, "metric": self.metric, "value": metrics[self.metric]}

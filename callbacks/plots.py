@@ -36,16 +36,18 @@ class RewardCurvePlotCallback(TrainerCallback):
 
 def plot_curves(log_history: list[dict], path: str) -> list[str]:
     """Draw every panel that has data; returns the panel titles drawn."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # A Figure of its own on the Agg canvas, not pyplot: switching the global backend would break inline
+    # plots in a notebook that trains with this callback.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     panels = [(title, [(key, [(h["step"], h[key]) for h in log_history if key in h and "step" in h]) for key in keys])
               for title, keys in PANELS]
     panels = [(title, [(k, pts) for k, pts in series if pts]) for title, series in panels]
     panels = [(title, series) for title, series in panels if series]
-    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(4 * max(len(panels), 1), 3.2), squeeze=False)
+    fig = Figure(figsize=(4 * max(len(panels), 1), 3.2))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, max(len(panels), 1), squeeze=False)
     for ax, (title, series) in zip(axes[0], panels):
         for key, points in series:
             ax.plot(*zip(*points), marker="." if len(points) < 30 else None, label=key)
@@ -55,5 +57,4 @@ def plot_curves(log_history: list[dict], path: str) -> list[str]:
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=90)
-    plt.close(fig)
     return [title for title, _ in panels]

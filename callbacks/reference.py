@@ -1,7 +1,8 @@
 """`SyncRefModelCallback`: move the KL reference towards the policy every `sync_steps` optimizer steps.
 
 ref <- alpha * policy + (1 - alpha) * ref (TR-DPO's soft update, Gorbatovski et al. 2024; alpha = 1 copies
-the policy). A run that drifts far can so keep a useful KL anchor.
+the policy). A run that drifts far can so keep a useful KL anchor. Checkpoints then carry the moved reference
+(reference.safetensors), and a resume restores it.
 
 See it work: tests/test_callbacks.py.
 """
@@ -33,8 +34,14 @@ class SyncRefModelCallback(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step % self.sync_steps:
             return
-        policy = self.trainer.accelerator.unwrap_model(self.trainer.model)
+        policy = dict(self.trainer.accelerator.unwrap_model(self.trainer.model).named_parameters())
+        reference = self.trainer.ref_policy
         with torch.no_grad():
-            for ref_param, param in zip(self.trainer.ref_policy.model.parameters(), policy.parameters()):
-                ref_param.mul_(1 - self.alpha).add_(param.to(ref_param.dtype), alpha=self.alpha)
+            for name, ref_param in reference.model.named_parameters():
+                param = policy.get(name)
+                if param is None or param.shape != ref_param.shape:
+                    raise ValueError(f"SyncRefModelCallback: the reference's {name!r} has no counterpart of the same "
+                                     f"shape in the policy; it needs a reference of the policy's architecture.")
+                ref_param.mul_(1 - self.alpha).add_(param.to(ref_param.device, ref_param.dtype), alpha=self.alpha)
+        reference.moved = True  # checkpoints now save the reference, so a resume keeps it
         self.syncs += 1

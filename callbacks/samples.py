@@ -87,8 +87,8 @@ def _to_trackers(trainer, args, rows: list[dict], step: int) -> None:
         import wandb
 
         if wandb.run is not None:
-            wandb.log({"completions": wandb.Table(columns=list(rows[0]), data=[list(r.values()) for r in rows])},
-                      step=step)
+            # no step=: WandbCallback owns wandb's step counter; the table's rows carry the step
+            wandb.log({"completions": wandb.Table(columns=list(rows[0]), data=[list(r.values()) for r in rows])})
     if "trackio" in report_to:
         import pandas as pd
         import trackio

@@ -98,9 +98,11 @@ def test_kl_guard_stops_and_rolls_back(tmp_path, warm_start_dir, addition):
 def test_restore_checkpoint_brings_back_weights_and_optimizer(tmp_path, warm_start_dir, addition):
     from safetensors.torch import load_file
 
-    trainer = _train(tmp_path, warm_start_dir, addition, [], max_steps=2, save_strategy="steps", save_steps=1)
+    trainer = _train(tmp_path, warm_start_dir, addition, [], max_steps=2, save_strategy="steps", save_steps=1,
+                     generation_batch_size=64)  # rounds of 2 steps: checkpoint-1 is inside one
     checkpoint = tmp_path / "out" / "checkpoint-1"
     trainer.restore_checkpoint(str(checkpoint))
+    assert trainer._round == [] and trainer._micro_step % trainer.args.micro_steps_per_round == 0  # a fresh round
     saved = load_file(checkpoint / "model.safetensors")
     for name, param in trainer.model.named_parameters():
         if name in saved:
@@ -143,10 +145,17 @@ def test_sync_ref_model_mixes_the_reference_towards_the_policy(tmp_path, warm_st
                 self.before = [p.detach().clone() for p in self.trainer.ref_policy.model.parameters()]
 
     snap, sync = Snapshot(), SyncRefModelCallback(sync_steps=2, alpha=0.5)
-    trainer = _train(tmp_path, warm_start_dir, addition, [snap, sync], max_steps=2, kl_coef=0.01)
+    trainer = _train(tmp_path, warm_start_dir, addition, [snap, sync], max_steps=2, kl_coef=0.01,
+                     save_strategy="steps", save_steps=2)
     policy = list(trainer.model.parameters())
     for ref, old, new in zip(trainer.ref_policy.model.parameters(), snap.before, policy):
         assert torch.allclose(ref, 0.5 * old + 0.5 * new.detach(), atol=1e-7)
     assert sync.syncs == 1
+    # The checkpoint carries the moved reference, and a resume brings it back (not the starting weights).
+    resumed = VerlTrainer(model=warm_start_dir, args=small_config(tmp_path, max_steps=2, kl_coef=0.01),
+                          train_dataset=addition[0])
+    resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    for a, b in zip(resumed.ref_policy.model.parameters(), trainer.ref_policy.model.parameters()):
+        assert torch.equal(a, b)
     with pytest.raises(ValueError, match="needs a KL reference"):
         _train(tmp_path / "nokl", warm_start_dir, addition, [SyncRefModelCallback()], max_steps=1)

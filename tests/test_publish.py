@@ -113,6 +113,14 @@ def test_peft_actor_saves_adapter_or_merged_model(tmp_path, warm_start_dir, addi
         assert card_info["peft"] is False  # merged: loads as a plain transformers model
 
 
+def test_merged_save_with_push_every_save_is_refused(tmp_path):
+    from verl_hf import VerlConfig
+
+    with pytest.raises(ValueError, match="save_merged_model with push_to_hub=True"):
+        VerlConfig(output_dir=str(tmp_path), use_cpu=True, save_merged_model=True, push_to_hub=True,
+                   hub_model_id="me/x")
+
+
 def test_push_to_hub_callback_publishes_at_intervals(tmp_path, warm_start_dir, addition, hub):
     callback = PushToHubCallback(every_n_steps=1)
     trainer = _trainer(tmp_path, warm_start_dir, addition, max_steps=2)

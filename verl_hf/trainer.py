@@ -34,7 +34,8 @@ from .roles import Actor
 CRITIC_DIR = "critic"
 COST_CRITIC_DIR = "cost_critic"
 KL_CTRL_FILE = "kl_controller.json"
-ROUND_FILE = "rl_round_{}.pt"  # per process: the rollout round in progress, so a resume continues it exactly
+ROUND_FILE = "rl_round_{}.pt"
+REFERENCE_FILE = "reference.safetensors"  # a KL reference that SyncRefModelCallback moved  # per process: the rollout round in progress, so a resume continues it exactly
 SAFETY_FILE = "safety.json"
 
 
@@ -106,9 +107,15 @@ class VerlTrainer(Trainer):
     def restore_checkpoint(self, checkpoint: str) -> None:
         """Back to a checkpoint in-process (KLGuardCallback's rollback): policy weights, optimizer, scheduler
         and the RL state (critic, KL controller, lambda); the step counter goes on, and a fresh round starts."""
-        self._load_from_checkpoint(checkpoint)
-        self._load_optimizer_and_scheduler(checkpoint)
-        self._round = []
+        self._restoring = True  # the round in progress is not brought back: a fresh one starts
+        try:
+            self._load_from_checkpoint(checkpoint)
+            self._load_optimizer_and_scheduler(checkpoint)
+        finally:
+            self._restoring = False
+        rounds = self.args.micro_steps_per_round
+        self._round, self._kl_seen = [], None
+        self._micro_step = -(-self._micro_step // rounds) * rounds  # the next round boundary
         self.actor.mark_weights_changed()
 
     # ------------------------------------------------------------------ the RL step
@@ -504,15 +511,22 @@ class VerlTrainer(Trainer):
         publish.write_run_config(self, output_dir)
 
     def _save_merged(self, output_dir: str) -> None:
-        import copy
-
+        """The adapter merged into the base weights, in place and undone afterwards: one CPU copy of the merged
+        weights, no second model on the device."""
         model = self.accelerator.unwrap_model(self.model)
-        if not hasattr(model, "merge_and_unload"):
+        if not hasattr(model, "merge_adapter"):
             return  # not a PEFT model: the plain save already wrote the full model
         if self.is_deepspeed_enabled:
             raise ValueError("save_merged_model under DeepSpeed: save the adapter (save_merged_model=False) and merge "
                              "it afterwards with peft's merge_and_unload().")
-        copy.deepcopy(model).merge_and_unload().save_pretrained(output_dir)
+        base = model.get_base_model()
+        model.merge_adapter()
+        try:
+            merged = {name.replace(".base_layer.", "."): p.detach().to("cpu", copy=True)
+                      for name, p in base.state_dict().items() if "lora_" not in name}
+        finally:
+            model.unmerge_adapter()
+        base.save_pretrained(output_dir, state_dict=merged)
         for name in ("adapter_model.safetensors", "adapter_model.bin", "adapter_config.json"):
             path = os.path.join(output_dir, name)
             if os.path.exists(path):
@@ -532,7 +546,7 @@ class VerlTrainer(Trainer):
         self._save_round_state(output_dir)
         if self.args.should_save:
             with open(os.path.join(output_dir, KL_CTRL_FILE), "w") as f:
-                json.dump({"controller": self.kl_ctrl.state_dict(), "pending": getattr(self, "_kl_seen", None)}, f)
+                json.dump({"controller": self.kl_ctrl.state_dict()}, f)  # its pending sums: per process, below
         if self.critic is not None:
             self.critic.save_checkpoint(os.path.join(output_dir, CRITIC_DIR), main_process=self.args.should_save)
         if self.safety is not None:
@@ -549,29 +563,50 @@ class VerlTrainer(Trainer):
         checkpoint taken inside a multi-step round would resume on a freshly sampled round."""
         state = {"round": self._round, "micro_step": self._micro_step, "last_round": self.last_round,
                  "round_size": getattr(self, "_round_size", None), "refill_order": self._refill_order,
-                 "rollout_calls": self._rollout_calls, "metrics": dict(self._metrics)}
+                 "rollout_calls": self._rollout_calls, "metrics": dict(self._metrics),
+                 "kl_seen": getattr(self, "_kl_seen", None), "world_size": self.args.world_size}
+        os.makedirs(output_dir, exist_ok=True)  # the main process may not have created it yet
         torch.save(state, os.path.join(output_dir, ROUND_FILE.format(self.args.process_index)))
+        if self.ref_policy is not None and getattr(self.ref_policy, "moved", False) and self.args.should_save:
+            from safetensors.torch import save_model
+
+            save_model(self.ref_policy.model, os.path.join(output_dir, REFERENCE_FILE))
 
     def _load_round_state(self, checkpoint: str) -> None:
+        """Every process continues its saved round, or (a checkpoint without them, from an older version) all
+        start a fresh one together: a mix would enter different collectives."""
         path = os.path.join(checkpoint, ROUND_FILE.format(self.args.process_index))
-        if not os.path.exists(path):  # an older checkpoint: the round restarts (see _sync_round_position)
+        state = torch.load(path, weights_only=False) if os.path.exists(path) else None  # our own file
+        if state is not None and state["world_size"] != self.args.world_size:
+            raise ValueError(f"{checkpoint} was saved by {state['world_size']} processes and holds their rollout "
+                             f"rounds; resume it with {state['world_size']} processes (or delete its rl_round_*.pt "
+                             f"files to start a fresh round).")
+        everyone = torch.tensor([0.0 if state is None else 1.0], device=self.args.device)
+        if self.args.world_size > 1:
+            everyone = self.accelerator.reduce(everyone, reduction="sum")
+        if everyone.item() < self.args.world_size:  # the round restarts (see _sync_round_position)
             return
-        state = torch.load(path, weights_only=False)
         self._round, self._micro_step, self.last_round = state["round"], state["micro_step"], state["last_round"]
         self._round_size, self._refill_order = state["round_size"], state["refill_order"]
-        self._rollout_calls = state["rollout_calls"]
+        self._rollout_calls, self._kl_seen = state["rollout_calls"], state["kl_seen"]
         self._metrics = defaultdict(list, state["metrics"])
         self._position_synced = True
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is not None:
+        if checkpoint is not None and not getattr(self, "_restoring", False):
             self._load_round_state(checkpoint)
+        if checkpoint is not None and os.path.exists(os.path.join(checkpoint, REFERENCE_FILE)):
+            from safetensors.torch import load_model  # a reference moved by SyncRefModelCallback
+
+            load_model(self.ref_policy.model, os.path.join(checkpoint, REFERENCE_FILE))
+            self.ref_policy.moved = True
         if checkpoint is not None and os.path.exists(os.path.join(checkpoint, KL_CTRL_FILE)):
             with open(os.path.join(checkpoint, KL_CTRL_FILE)) as f:
                 saved = json.load(f)
             self.kl_ctrl.load_state_dict(saved["controller"])
-            self._kl_seen = saved["pending"]
+            if "pending" in saved:  # older checkpoints; newer ones keep it per process (the round file)
+                self._kl_seen = saved["pending"]
         if checkpoint is None:
             return
         if self.safety is not None:

@@ -3,7 +3,8 @@
 names (names.py) -> gather in buckets (gather.py) -> push in the engine's dtype (push.py). Configured from
 `VerlConfig` (`sync_bucket_mb`, `sync_verify`); every sync returns its metrics: seconds, bytes, GB/s and the
 measured peak extra memory. Under ZeRO-3 every rank takes part in each bucket's all-gather (a collective);
-only ranks that own an engine push.
+only ranks that own an engine push, and with one shared engine every rank learns (one all-reduce) whether
+the push succeeded before anyone samples.
 
 See it work: tests/test_sync.py, tests/test_distributed.py, benchmarks/sync.py.
 """
@@ -21,7 +22,7 @@ from .push import mismatched_weights, push_bucket
 
 
 def _shared_failure(failure: Exception | None, owner_rank: int) -> Exception | None:
-    """Every process learns whether the owner's push failed (a barrier and one small all-reduce)."""
+    """Every process learns whether the owner's push failed: one small all-reduce, which also waits for it."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
