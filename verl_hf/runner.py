@@ -106,6 +106,11 @@ def run_training(script: ScriptArguments, config) -> dict:
         plot_curve(trainer.state.log_history, os.path.join(config.output_dir, "curve.png"))
         Path(config.output_dir, "summary.json").write_text(json.dumps(summary, indent=2))
         Path(config.output_dir, "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
+    if config.world_size > 1:
+        # accelerate's documented end of a script: trackers closed and the process group torn down while every
+        # process is still alive (left to interpreter exit, a rank was once seen aborting in teardown).
+        trainer.accelerator.wait_for_everyone()
+        trainer.accelerator.end_training()
     return summary
 
 
