@@ -415,9 +415,7 @@ def _check_ranges(cfg: VerlConfig) -> None:
         ("vllm_gpu_memory_utilization", 0 < cfg.vllm_gpu_memory_utilization <= 1, "must be in (0, 1]"),
         ("vllm_kv_cache_mb", cfg.vllm_kv_cache_mb is None or cfg.vllm_kv_cache_mb > 0, "must be > 0"),
     ]
-    for name, ok, fix in checks:
-        if not ok:
-            raise ValueError(f"{name}={getattr(cfg, name)!r} {fix}.")
+    _raise_first_failed(cfg, checks)
     if cfg.eval_num_generations > 1 and not cfg.eval_do_sample:
         raise ValueError(f"eval_num_generations={cfg.eval_num_generations} with greedy evaluation repeats one answer; "
                          f"set eval_do_sample=True or eval_num_generations=1.")
@@ -500,6 +498,13 @@ def _check_rewards(cfg: VerlConfig) -> None:
             )
 
 
+def _raise_first_failed(cfg: VerlConfig, checks: list[tuple[str, bool, str]]) -> None:
+    """checks: (field name, holds, what the value must be); the first that does not hold raises."""
+    for name, ok, fix in checks:
+        if not ok:
+            raise ValueError(f"{name}={getattr(cfg, name)!r} {fix}.")
+
+
 def _check_safety(cfg: VerlConfig) -> None:
     if isinstance(cfg.cost_funcs, str):
         cfg.cost_funcs = [cfg.cost_funcs]
@@ -522,9 +527,7 @@ def _check_safety(cfg: VerlConfig) -> None:
                f"must be >= lambda_init ({cfg.lambda_init})"),
               ("lambda_update_delay_steps", cfg.lambda_update_delay_steps >= 0, "must be >= 0"),
               ("episode_cost_window_size", cfg.episode_cost_window_size >= 1, "must be >= 1")]
-    for name, ok, fix in checks:
-        if not ok:
-            raise ValueError(f"{name}={getattr(cfg, name)!r} {fix}.")
+    _raise_first_failed(cfg, checks)
 
 
 def _check_policy_loss_kwargs(args: "VerlConfig") -> None:

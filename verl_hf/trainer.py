@@ -77,8 +77,9 @@ class VerlTrainer(Trainer):
             eval_dataset=eval_dataset, processing_class=tokenizer, callbacks=callbacks, optimizers=optimizers,
             **trainer_kwargs,
         )
-        self.actor = Actor(self.model, tokenizer, engine=setup.make_engine(self, args), temperature=args.temperature,
-                           weight_sync=setup.make_weight_sync(args))
+        engine = setup.make_engine(self, args)
+        self.actor = Actor(self.model, tokenizer, engine=engine, temperature=args.temperature,
+                           weight_sync=setup.make_weight_sync(args, engine))
         self.add_callback(_EngineWeightsChanged(self.actor))
         setup.place_reward_models(self, self.reward_funcs)
         self.ref_policy = setup.make_reference(self, ref_policy, args) if args.kl_coef > 0 else None
@@ -544,6 +545,10 @@ class VerlTrainer(Trainer):
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         super()._save_optimizer_and_scheduler(output_dir)
         self._save_round_state(output_dir)
+        if self.ref_policy is not None and getattr(self.ref_policy, "moved", False) and self.args.should_save:
+            from safetensors.torch import save_model  # a reference moved by SyncRefModelCallback
+
+            save_model(self.ref_policy.model, os.path.join(output_dir, REFERENCE_FILE))
         if self.args.should_save:
             with open(os.path.join(output_dir, KL_CTRL_FILE), "w") as f:
                 json.dump({"controller": self.kl_ctrl.state_dict()}, f)  # its pending sums: per process, below
@@ -567,10 +572,6 @@ class VerlTrainer(Trainer):
                  "kl_seen": getattr(self, "_kl_seen", None), "world_size": self.args.world_size}
         os.makedirs(output_dir, exist_ok=True)  # the main process may not have created it yet
         torch.save(state, os.path.join(output_dir, ROUND_FILE.format(self.args.process_index)))
-        if self.ref_policy is not None and getattr(self.ref_policy, "moved", False) and self.args.should_save:
-            from safetensors.torch import save_model
-
-            save_model(self.ref_policy.model, os.path.join(output_dir, REFERENCE_FILE))
 
     def _load_round_state(self, checkpoint: str) -> None:
         """Every process continues its saved round, or (a checkpoint without them, from an older version) all

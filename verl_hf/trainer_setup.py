@@ -251,10 +251,10 @@ def make_vllm_server_engine(model, tokenizer, args: VerlConfig):
                             timeout_s=args.vllm_server_timeout_s)
 
 
-def make_weight_sync(args: VerlConfig):
+def make_weight_sync(args: VerlConfig, engine):
     from .sync import WeightSync
 
-    return WeightSync.from_config(args)
+    return WeightSync.from_config(args, engine)
 
 
 def make_kl_ctrl(args: VerlConfig):

@@ -81,9 +81,7 @@ class Actor(TrainableRole):
         if getattr(self.engine, "receives_weights", False):
             from ..sync import WeightSync
 
-            # A server shared by all processes is fed by process 0 alone (the others only join ZeRO-3 gathers).
-            self.weight_sync = weight_sync or WeightSync(
-                owner_rank=0 if getattr(self.engine, "shared_by_processes", False) else None)
+            self.weight_sync = weight_sync or WeightSync.for_engine(self.engine)
         elif getattr(self.engine, "model", None) is not model and is_zero3(model):
             raise ValueError(f"the rollout engine {type(self.engine).__name__} cannot receive weights, and the policy "
                              f"is sharded by DeepSpeed ZeRO-3: it would sample from stale weights. Use an engine "

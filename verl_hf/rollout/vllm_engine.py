@@ -97,10 +97,7 @@ class VLLMEngine:
 
     def load_weights(self, named_tensors) -> None:
         """One bucket of (HF name, tensor); buckets hold whole layers (vLLM fuses weights within a layer)."""
-        named_tensors = list(named_tensors)
-        for name, tensor in list(named_tensors):
-            if name in self._tied:  # vLLM's in-place reload does not re-tie: send the tied copy by name too
-                named_tensors.append((self._tied[name], tensor))
+        named_tensors = with_tied_copies(named_tensors, self._tied)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
 
     def finish_sync(self) -> None:
@@ -110,8 +107,7 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 
     def get_weights(self, names):
-        raise NotImplementedError("vLLM keeps fused weights (qkv_proj, gate_up_proj): sync_verify compares HF "
-                                  "names and needs rollout_engine='hf'; check vLLM by its log-probs instead.")
+        raise NotImplementedError(NO_HF_WEIGHTS)
 
     # ---------------------------------------------------------------- sampling
     def generate(self, prompt_ids: list[list[int]], params: SamplingConfig) -> Rollout:
@@ -131,6 +127,17 @@ class VLLMEngine:
                     if params.return_logprobs else None)
         return rollout_from_tokens(prompt_ids[own[0] : own[1]], [list(c.token_ids) for c in completions], logprobs,
                                    n, self.pad_token_id, self.eos_token_ids)
+
+
+NO_HF_WEIGHTS = ("vLLM keeps fused weights (qkv_proj, gate_up_proj): sync_verify compares HF names and needs "
+                 "rollout_engine='hf'; check vLLM by its log-probs instead.")
+
+
+def with_tied_copies(named_tensors, tied: dict[str, str]) -> list:
+    """The bucket plus, for each tied weight in it, the same tensor under its tied name: vLLM's reload does not
+    re-tie weights, so both names are sent."""
+    named_tensors = list(named_tensors)
+    return named_tensors + [(tied[name], tensor) for name, tensor in named_tensors if name in tied]
 
 
 def sampling_fields(params: SamplingConfig, eos_token_ids: list[int]) -> dict:

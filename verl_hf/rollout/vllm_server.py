@@ -24,7 +24,8 @@ from urllib.parse import urlparse
 import torch
 
 from .base import Rollout, SamplingConfig
-from .vllm_engine import _hf_weight_names, request_seeds, rollout_from_tokens, sampling_fields
+from .vllm_engine import (NO_HF_WEIGHTS, _hf_weight_names, request_seeds, rollout_from_tokens, sampling_fields,
+                          with_tied_copies)
 from .vllm_transfer import TrainerSender, update_info, worker_init_info
 
 START_HINT = "start one with `verl-hf vllm-serve MODEL --port PORT` (see README, Rollout engines)"
@@ -99,8 +100,7 @@ class VLLMServerEngine:
 
     def load_weights(self, named_tensors) -> None:
         """One bucket (whole layers): the server learns names, dtypes and shapes, then receives the tensors."""
-        named_tensors = list(named_tensors)
-        named_tensors += [(self._tied[n], t) for n, t in named_tensors if n in self._tied]  # see VLLMEngine
+        named_tensors = with_tied_copies(named_tensors, self._tied)
         with ThreadPoolExecutor(1) as pool:
             server_side = pool.submit(self._call, "POST", "/update_weights",
                                       {"update_info": update_info(named_tensors)})
@@ -117,8 +117,7 @@ class VLLMServerEngine:
         self._call("POST", "/reset_prefix_cache")  # cached KV blocks were computed with the old weights
 
     def get_weights(self, names):
-        raise NotImplementedError("vLLM keeps fused weights (qkv_proj, gate_up_proj): sync_verify compares HF "
-                                  "names and needs rollout_engine='hf'; check vLLM by its log-probs instead.")
+        raise NotImplementedError(NO_HF_WEIGHTS)
 
     # ---------------------------------------------------------------- sampling
     def generate(self, prompt_ids: list[list[int]], params: SamplingConfig) -> Rollout:

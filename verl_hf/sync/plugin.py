@@ -53,10 +53,14 @@ class WeightSync:
         return self.owner_rank is None or self.owner_rank == process_rank()
 
     @classmethod
-    def from_config(cls, args) -> "WeightSync":
-        # One server for all processes: process 0 pushes, the others only take part in the ZeRO-3 gathers.
-        owner = 0 if args.rollout_engine == "vllm_server" else None
-        return cls(bucket_mb=args.sync_bucket_mb, verify=args.sync_verify, owner_rank=owner)
+    def for_engine(cls, engine, **kwargs) -> "WeightSync":
+        """An engine shared by all processes (`shared_by_processes`, e.g. one server) is fed by process 0 alone;
+        the others only take part in the ZeRO-3 gathers. Otherwise every process feeds its own engine."""
+        return cls(owner_rank=0 if getattr(engine, "shared_by_processes", False) else None, **kwargs)
+
+    @classmethod
+    def from_config(cls, args, engine) -> "WeightSync":
+        return cls.for_engine(engine, bucket_mb=args.sync_bucket_mb, verify=args.sync_verify)
 
     def sync(self, model: torch.nn.Module, engine) -> dict[str, float]:
         """Push every weight of `model` into `engine`; returns `sync/*` metrics."""
