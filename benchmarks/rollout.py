@@ -49,7 +49,7 @@ def tokens_per_second(engine, prompts, params) -> float:
 def main():
     import torch
 
-    from verl_hf.rollout import HFGenerateEngine, SamplingConfig
+    from verl_hf.rollout import HFSharedEngine, SamplingConfig
     from verl_hf.rollout.vllm_engine import VLLMEngine
     from verl_hf.sync import WeightSync
 
@@ -60,7 +60,7 @@ def main():
     vllm = VLLMEngine(model.config, 0, eos, max_model_len=max_len,
                       kv_cache_memory_bytes=None if torch.cuda.is_available() else 1024 * 2**20)
     WeightSync().sync(model, vllm)
-    hf = HFGenerateEngine(model, 0, eos)
+    hf = HFSharedEngine(model, 0, eos)
     params = SamplingConfig(max_new_tokens=args.new_tokens, seed=0)
     size = sum(p.numel() for p in model.parameters()) / 1e6
     print(f"\nmodel: {size:.1f}M parameters; prompts of {args.prompt_len} tokens, {args.new_tokens} new tokens, "

@@ -123,10 +123,10 @@ def bench_rollout(model, copy_engine, args, rank: int) -> None:
     """One rollout = `generate_calls` generate calls; the copy form pays one sync per rollout."""
     import torch
 
-    from verl_hf.rollout import HFGenerateEngine, SamplingConfig
+    from verl_hf.rollout import HFSharedEngine, SamplingConfig
     from verl_hf.sync import WeightSync
 
-    shared = HFGenerateEngine(model, pad_token_id=0, eos_token_ids=[args.vocab - 1])
+    shared = HFSharedEngine(model, pad_token_id=0, eos_token_ids=[args.vocab - 1])
     prompts = [[1 + (i * 7 + j) % 1000 for j in range(16)] for i in range(args.batch)]
     params = SamplingConfig(max_new_tokens=args.new_tokens, seed=0)
     sync = WeightSync(bucket_mb=64)
@@ -157,12 +157,12 @@ def worker(args) -> None:
     import torch
     from accelerate import PartialState
 
-    from verl_hf.rollout import HFGenerateEngine
+    from verl_hf.rollout import HFCopyEngine
 
     state = PartialState(backend="gloo")
     torch.manual_seed(0)
     model = build_model(args)
-    engine = HFGenerateEngine.inference_copy(model, pad_token_id=0, eos_token_ids=[args.vocab - 1])
+    engine = HFCopyEngine.of(model, pad_token_id=0, eos_token_ids=[args.vocab - 1])
     bench_sync(model, engine, args, state.process_index)
     if not args.skip_rollout:
         bench_rollout(model, engine, args, state.process_index)

@@ -27,7 +27,7 @@ class SyncRefModelCallback(TrainerCallback):
         if ref.adapter_model is not None:
             raise ValueError("SyncRefModelCallback: with PEFT the reference is the base model with adapters off "
                              "(no copy to move); merge the adapter or train without PEFT.")
-        if getattr(ref, "engine", None) is not None or trainer.is_deepspeed_enabled:
+        if ref.engine is not None or trainer.is_deepspeed_enabled:
             raise ValueError("SyncRefModelCallback does not support DeepSpeed-sharded references yet.")
         self.trainer = trainer
 

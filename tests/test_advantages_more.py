@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import verl_hf.algorithms.advantages as adv_mod  # noqa: F401  (registers the estimators)
-from verl_hf.algorithms import ADVANTAGE_ESTIMATORS, get_advantage_estimator
+from verl_hf.algorithms import ADVANTAGE_ESTIMATORS, SINGLETON_ADVANTAGES, get_advantage_estimator
 
 close = torch.testing.assert_close
 
@@ -75,12 +75,22 @@ def test_reinforce_plus_plus_carries_return_through_masked_hole():
 
 
 def test_reinforce_plus_plus_baseline_hand():
-    # group 3 scores 1, 0 -> mean 0.5 -> 0.5, -0.5 ; group 9 scores 2, 2 (all equal) -> 0 ; singleton 5 -> 0
-    # tokens (T = 2, all valid): 0.5 x2, -0.5 x2, 0 x6 -> mean 0, sum sq 1, unbiased var 1 / 9 -> x 3
+    # group 3 scores 1, 0 -> mean 0.5 -> 0.5, -0.5 ; group 9 scores 2, 2 (all equal) -> 0 ;
+    # singleton 5 (verl): mean 0 -> 7.  tokens (T = 2, all valid): 0.5 x2, 0 x2, -0.5 x2, 0 x2, 7 x2 -> mean 1.4,
+    # deviations -0.9, -1.4, -1.9, -1.4, 5.6 (x2 each), sum sq 2 (0.81 + 1.96 + 3.61 + 1.96 + 31.36) = 79.4,
+    # unbiased var 79.4 / 9 -> std 2.970223 -> A = -0.303008, -0.471346, -0.639684, -0.471346, 1.885377
     ids = torch.tensor([3, 9, 3, 9, 5])
-    adv, ret = _call("reinforce_plus_plus_baseline", _rewards([1.0, 2.0, 0.0, 2.0, 7.0], 2), torch.ones(5, 2), ids)
-    close(adv, torch.tensor([[1.5, 1.5], [0.0, 0.0], [-1.5, -1.5], [0.0, 0.0], [0.0, 0.0]]), atol=1e-5, rtol=1e-5)
+    rewards = _rewards([1.0, 2.0, 0.0, 2.0, 7.0], 2)
+    adv, ret = _call("reinforce_plus_plus_baseline", rewards, torch.ones(5, 2), ids)
+    std = math.sqrt(79.4 / 9 + 1e-8)
+    expected = torch.tensor([-0.9, -1.4, -1.9, -1.4, 5.6]) / std
+    close(adv, expected.unsqueeze(-1).expand(5, 2), atol=1e-5, rtol=1e-5)
+    assert expected[0].item() == pytest.approx(-0.303008, abs=1e-6)
     assert torch.equal(ret, adv)
+    # singleton_advantage="zero": singleton 5 -> 0 before whitening.
+    # tokens: 0.5 x2, -0.5 x2, 0 x6 -> mean 0, sum sq 1, unbiased var 1 / 9 -> x 3
+    adv, _ = _call("reinforce_plus_plus_baseline", rewards, torch.ones(5, 2), ids, singleton_advantage="zero")
+    close(adv, torch.tensor([[1.5, 1.5], [0.0, 0.0], [-1.5, -1.5], [0.0, 0.0], [0.0, 0.0]]), atol=1e-5, rtol=1e-5)
     # group 0 scores 0.9 x3: in fp32 (0.9 + 0.9 + 0.9) / 3 != 0.9, so a naive mean leaks ~6e-8 ; it must be
     # exactly 0 before whitening. group 1 scores 1, 0 -> 0.5, -0.5. tokens (T = 1): 0, 0, 0, 0.5, -0.5 ->
     # mean 0, sum sq 0.5, unbiased var 0.5 / 4 = 0.125 -> rows 0-2 exactly 0, rows 3-4 -+0.5 / sqrt(0.125)
@@ -147,11 +157,15 @@ def test_opo_hand_length_weighted_baseline():
 
 
 def test_opo_singleton_all_equal_and_all_empty_group():
-    # singleton -> 0 ; scores 0.3 x3, lengths 3, 2, 2: fp32 (3*.3 + 2*.3 + 2*.3) / 7 != 0.3 (not bit-exact)
-    # -> must be exactly 0 ; group of only empty responses (total length 0) -> finite, 0
+    # singleton (verl): baseline 0 -> its score 4 ; scores 0.3 x3, lengths 3, 2, 2: fp32 (3*.3 + 2*.3 + 2*.3) / 7
+    # != 0.3 (not bit-exact) -> must be exactly 0 ; group of only empty responses (total length 0) -> finite, 0
     rewards = _rewards([4.0, 0.3, 0.3, 0.3, 1.0, 2.0])
     mask = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 0], [1, 1, 0], [0, 0, 0], [0, 0, 0]])
-    adv, _ = _call("opo", rewards, mask, torch.tensor([0, 1, 1, 1, 2, 2]))
+    ids = torch.tensor([0, 1, 1, 1, 2, 2])
+    adv, _ = _call("opo", rewards, mask, ids)
+    assert torch.equal(adv[0], torch.full((3,), 4.0)) and torch.equal(adv[1:], torch.zeros(5, 3))
+    # singleton_advantage="zero": the singleton -> 0 too
+    adv, _ = _call("opo", rewards, mask, ids, singleton_advantage="zero")
     assert torch.equal(adv, torch.zeros(6, 3))
 
 
@@ -160,21 +174,37 @@ def test_opo_singleton_all_equal_and_all_empty_group():
 
 def test_gpg_hand_alpha():
     # B = 6. group 0 scores 1, 0, 0 -> mean 1/3 -> 2/3, -1/3, -1/3 ; group 1 scores 1, 1 (all equal: invalid) ;
-    # singleton group 2 (invalid).  M = 3 invalid -> alpha = B / (B - M) = 6 / 3 = 2 -> 4/3, -2/3, -2/3, 0, 0, 0
-    # (verl's B / count_nonzero(scores) = 6 / 4 would give 1, -0.5, -0.5)
+    # singleton group 2 (verl: mean 0 -> score 1, a valid sample).  M = 2 invalid -> alpha = 6 / 4 = 1.5
+    # -> 1, -0.5, -0.5, 0, 0, 1.5
     rewards = _rewards([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
     ids = torch.tensor([0, 0, 0, 1, 1, 2])
     adv, ret = _call("gpg", rewards, torch.ones(6, 3), ids)
-    close(adv[:, 0], torch.tensor([4 / 3, -2 / 3, -2 / 3, 0.0, 0.0, 0.0]))
+    close(adv[:, 0], torch.tensor([1.0, -0.5, -0.5, 0.0, 0.0, 1.5]))
     assert torch.equal(ret, adv)
+    # singleton_advantage="zero": the singleton is invalid too.  M = 3 -> alpha = B / (B - M) = 6 / 3 = 2
+    # -> 4/3, -2/3, -2/3, 0, 0, 0   (verl's B / count_nonzero(scores) = 6 / 4 would give 1, -0.5, -0.5)
+    adv, _ = _call("gpg", rewards, torch.ones(6, 3), ids, singleton_advantage="zero")
+    close(adv[:, 0], torch.tensor([4 / 3, -2 / 3, -2 / 3, 0.0, 0.0, 0.0]))
     # F_norm = 1: the trainer's GRPO std flag does not change GPG
-    adv_nostd, _ = _call("gpg", rewards, torch.ones(6, 3), ids, norm_by_std=False)
+    adv_nostd, _ = _call("gpg", rewards, torch.ones(6, 3), ids, norm_by_std=False, singleton_advantage="zero")
     assert torch.equal(adv_nostd, adv)
+    # a masked-out singleton (an unscored row) carries no gradient: invalid as under "zero", M = 3, alpha = 2
+    mask = torch.ones(6, 3)
+    mask[5] = 0
+    adv, _ = _call("gpg", rewards, mask, ids)
+    close(adv[:, 0], torch.tensor([4 / 3, -2 / 3, -2 / 3, 0.0, 0.0, 0.0]))
 
 
 def test_gpg_no_valid_group_is_zero():
-    # every group all-equal or singleton: B - M = 0 -> guarded, all advantages 0
-    adv, _ = _call("gpg", _rewards([1.0, 1.0, 0.0, 0.0, 3.0]), torch.ones(5, 3), torch.tensor([0, 0, 1, 1, 2]))
+    # every group all-equal, or a singleton scoring 0 (advantage 0 either way): B - M = 0 -> guarded, all 0
+    ids = torch.tensor([0, 0, 1, 1, 2])
+    adv, _ = _call("gpg", _rewards([1.0, 1.0, 0.0, 0.0, 0.0]), torch.ones(5, 3), ids)
+    assert torch.equal(adv, torch.zeros(5, 3))
+    # a singleton scoring 3 is the one valid sample (verl's mean 0): alpha = 5 / 1 -> 5 * 3 = 15
+    adv, _ = _call("gpg", _rewards([1.0, 1.0, 0.0, 0.0, 3.0]), torch.ones(5, 3), ids)
+    close(adv[:, 0], torch.tensor([0.0, 0.0, 0.0, 0.0, 15.0]))
+    # singleton_advantage="zero": every group all-equal or singleton -> all 0
+    adv, _ = _call("gpg", _rewards([1.0, 1.0, 0.0, 0.0, 3.0]), torch.ones(5, 3), ids, singleton_advantage="zero")
     assert torch.equal(adv, torch.zeros(5, 3))
 
 
@@ -182,18 +212,23 @@ def test_gpg_no_valid_group_is_zero():
 
 
 @pytest.mark.parametrize("name", NEW)
-def test_edge_cases_finite_and_masked(name):
+@pytest.mark.parametrize("singleton", SINGLETON_ADVANTAGES)
+def test_edge_cases_finite_and_masked(name, singleton):
     # singleton (row 0), all-equal group (rows 1-3; fp32 mean of 0.9 x3 != 0.9), zero-length response (row 4),
     # padded rows
     rewards = _rewards([2.0, 0.9, 0.9, 0.9, 1.0, 0.0, 3.0])
     ids = torch.tensor([5, 6, 6, 6, 7, 7, 7])
     mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0], [1, 1, 1], [1, 0, 0]]).float()
-    adv, ret = _call(name, rewards, mask, ids)
+    adv, ret = _call(name, rewards, mask, ids, singleton_advantage=singleton)
     assert adv.shape == ret.shape == (7, 3)
     assert torch.isfinite(adv).all() and torch.isfinite(ret).all()
     assert torch.equal(adv * (1 - mask), torch.zeros(7, 3)) and torch.equal(adv[4], torch.zeros(3))
     if name not in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):  # whitened ones shift zeros
-        assert torch.equal(adv[:4], torch.zeros(4, 3))  # singleton and all-equal group: exactly 0
+        assert torch.equal(adv[1:4], torch.zeros(3, 3))  # all-equal group: exactly 0
+        if singleton == "zero" or name == "grpo_passk":  # pass@k: no best of one, always 0
+            assert torch.equal(adv[0], torch.zeros(3))
+        else:  # verl: baseline 0, so the singleton's advantage has its score's sign (score 2)
+            assert (adv[0] > 0).all()
         assert adv[6, 0] > 0  # group 7: best score 3 gets a positive advantage
 
 
@@ -201,8 +236,12 @@ def test_edge_cases_finite_and_masked(name):
 def test_all_empty_batch_and_single_sample(name):
     adv, ret = _call(name, _rewards([1.0, 2.0]), torch.zeros(2, 3), torch.tensor([0, 0]))
     assert torch.isfinite(ret).all() and torch.equal(adv, torch.zeros(2, 3))
-    adv, ret = _call(name, _rewards([1.0]), torch.ones(1, 3), torch.tensor([0]))
+    adv, ret = _call(name, _rewards([1.0]), torch.ones(1, 3), torch.tensor([0]), singleton_advantage="zero")
     assert torch.isfinite(ret).all() and torch.equal(adv, torch.zeros(1, 3))
+    # verl's singleton rule: opo's baseline 0 -> 1 ; gpg alpha 1 / 1 -> 1 ; whitening one value and pass@k -> 0
+    adv, ret = _call(name, _rewards([1.0]), torch.ones(1, 3), torch.tensor([0]))
+    expected = 1.0 if name in ("opo", "gpg") else 0.0
+    assert torch.isfinite(ret).all() and torch.equal(adv, torch.full((1, 3), expected))
 
 
 @pytest.mark.parametrize("name", ["reinforce_plus_plus_baseline", "grpo_passk", "opo", "gpg"])

@@ -10,6 +10,7 @@ from verl_hf.algorithms import (
     KL_KINDS,
     LOSS_AGG_MODES,
     POLICY_LOSSES,
+    LossNorm,
     agg_loss,
     entropy_from_logits,
     get_advantage_estimator,
@@ -21,6 +22,7 @@ from verl_hf.algorithms import (
     masked_sum,
     masked_var,
     masked_whiten,
+    policy_loss_spec,
     ppo_clip_loss,
     register_advantage,
     register_policy_loss,
@@ -211,12 +213,13 @@ def test_agg_loss_empty_mask_is_zero(mode):
 def test_agg_loss_microbatch_sum_equals_full_batch(mode):
     g = torch.Generator().manual_seed(0)
     loss = torch.randn(4, 5, generator=g, requires_grad=True)
-    # lengths 5, 1, 0 (empty response), 3 -> 9 tokens, 4 seqs; halves hold 6 and 3 tokens
+    # lengths 5, 1, 0 (empty response), 3 -> 9 tokens, 3 seqs with a token (verl leaves the empty one out);
+    # halves hold 6 and 3 tokens
     mask = (torch.arange(5) < torch.tensor([5, 1, 0, 3])[:, None]).float()
     full = agg_loss(loss, mask, mode)
     (g_full,) = torch.autograd.grad(full, loss)
-    n_tok, n_seq = mask.sum(), mask.shape[0]
-    micro = sum(agg_loss(loss[i:i + 2], mask[i:i + 2], mode, num_tokens=n_tok, num_seqs=n_seq) for i in (0, 2))
+    step = LossNorm(mode, num_tokens=mask.sum(), num_seqs=3)
+    micro = sum(agg_loss(loss[i:i + 2], mask[i:i + 2], step) for i in (0, 2))
     (g_micro,) = torch.autograd.grad(micro, loss)
     close(micro, full)
     close(g_micro, g_full)
@@ -263,11 +266,15 @@ def test_ppo_clip_hand():
     assert all(type(v) is float for v in metrics.values())
 
 
-def test_ppo_clip_symmetric_default_and_unused_kwargs():
+def test_ppo_clip_symmetric_default_and_undeclared_kwargs():
     old, logp, adv, mask = _ppo_example()
-    # default clip 0.2 both sides: a -> -1.2 ; (-1.2 - 0.5 + 0.8 + 3) / 4 = 0.525 ; extra kwargs ignored
-    loss, _ = get_policy_loss("vanilla")(old, logp, adv, mask, kl_coef=0.1, entropy_coeff=0.0)
+    # default clip 0.2 both sides: a -> -1.2 ; (-1.2 - 0.5 + 0.8 + 3) / 4 = 0.525 ; None = the loss's default
+    loss, _ = policy_loss_spec("vanilla").bind(clip_ratio_low=None, clip_ratio_high=None)(old, logp, adv, mask,
+                                                                                         LossNorm())
     close(loss.detach(), torch.tensor(0.525))
+    # a keyword the loss does not declare is an error, not silently ignored
+    with pytest.raises(ValueError, match=r"policy loss 'vanilla' has no hyper-parameter \['kl_coef'\]"):
+        policy_loss_spec("vanilla").bind(kl_coef=0.1)
 
 
 def test_ppo_dual_clip_must_exceed_one():
@@ -282,7 +289,7 @@ def test_ppo_extreme_log_ratios_and_empty_masks_are_finite(mode):
     old = torch.tensor([[-100.0, 100.0, 0.0], [100.0, -100.0, 0.0]])
     adv = torch.tensor([[5.0, -5.0, 1e3], [-1e3, 2.0, -1.0]])
     for mask in (torch.ones(2, 3), torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]), torch.zeros(2, 3)):
-        loss, metrics = ppo_clip_loss(old, logp, adv, mask, loss_agg_mode=mode)
+        loss, metrics = ppo_clip_loss(old, logp, adv, mask, mode)
         (g,) = torch.autograd.grad(loss, logp)
         assert torch.isfinite(loss) and torch.isfinite(g).all()
         assert all(math.isfinite(v) for v in metrics.values())
@@ -320,10 +327,17 @@ def test_grpo_hand_unsorted_ids_singleton_and_padding():
     ids = torch.tensor([7, -3, 7, 7])
     mask = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 0], [1, 0, 0]])
     adv, ret = grpo_advantages(rewards, mask, ids)
-    # group 7 scores 1, 0, 2 -> mean 1, unbiased std 1 -> (0, -1, 1) / (1 + 1e-6) ; singleton -> 0
+    # group 7 scores 1, 0, 2 -> mean 1, unbiased std 1 -> (0, -1, 1) / (1 + 1e-6)
+    # singleton -3 (verl): mean 0, std 1 -> 9 / (1 + 1e-6) = 8.999991
     s = 1.0 / (1.0 + 1e-6)
-    close(adv, torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [-s, -s, 0.0], [s, 0.0, 0.0]]))
+    close(adv, torch.tensor([[0.0, 0.0, 0.0], [9 * s, 9 * s, 9 * s], [-s, -s, 0.0], [s, 0.0, 0.0]]))
     assert torch.equal(ret, adv)
+    # singleton_advantage="zero": the singleton has no baseline -> 0 ; the group is unchanged
+    adv, _ = grpo_advantages(rewards, mask, ids, singleton_advantage="zero")
+    close(adv, torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [-s, -s, 0.0], [s, 0.0, 0.0]]))
+    # Dr.GRPO singleton: mean 0, no std -> exactly the score 9
+    adv, _ = grpo_advantages(rewards, mask, ids, norm_by_std=False)
+    assert torch.equal(adv[1], torch.full((3,), 9.0))
 
 
 def test_grpo_std_is_unbiased_and_dr_grpo():
@@ -348,11 +362,16 @@ def test_all_equal_group_is_exactly_zero(fn):
 
 
 def test_rloo_hand():
-    # group 5 scores 1, 0, 2: A = 1 - (0+2)/2 = 0 ; 0 - (1+2)/2 = -1.5 ; 2 - (1+0)/2 = 1.5 ; singleton 8 -> 0
+    # group 5 scores 1, 0, 2: A = 1 - (0+2)/2 = 0 ; 0 - (1+2)/2 = -1.5 ; 2 - (1+0)/2 = 1.5
+    # singleton 8 (verl): no other sample, baseline 0 -> its score 3
     rloo = get_advantage_estimator("rloo")
     adv, ret = rloo(_rewards([1.0, 0.0, 2.0, 3.0]), torch.ones(4, 3), torch.tensor([5, 5, 5, 8]))
-    close(adv[:, 0], torch.tensor([0.0, -1.5, 1.5, 0.0]))
+    close(adv[:, 0], torch.tensor([0.0, -1.5, 1.5, 3.0]))
     assert torch.equal(ret, adv)
+    # singleton_advantage="zero": singleton 8 -> 0
+    adv, _ = rloo(_rewards([1.0, 0.0, 2.0, 3.0]), torch.ones(4, 3), torch.tensor([5, 5, 5, 8]),
+                  singleton_advantage="zero")
+    close(adv[:, 0], torch.tensor([0.0, -1.5, 1.5, 0.0]))
 
 
 @pytest.mark.parametrize("fn", [grpo_advantages, rloo_advantages])

@@ -102,7 +102,8 @@ def test_restore_checkpoint_brings_back_weights_and_optimizer(tmp_path, warm_sta
                      generation_batch_size=64)  # rounds of 2 steps: checkpoint-1 is inside one
     checkpoint = tmp_path / "out" / "checkpoint-1"
     trainer.restore_checkpoint(str(checkpoint))
-    assert trainer._round == [] and trainer._micro_step % trainer.args.micro_steps_per_round == 0  # a fresh round
+    progress = trainer.round_in_progress
+    assert progress.micro_batches == [] and progress.micro_step % trainer.args.micro_steps_per_round == 0  # fresh
     saved = load_file(checkpoint / "model.safetensors")
     for name, param in trainer.model.named_parameters():
         if name in saved:

@@ -6,7 +6,15 @@ import pytest
 import torch
 
 import verl_hf.algorithms.policy_losses as pl
-from verl_hf.algorithms import LOSS_AGG_MODES, POLICY_LOSSES, get_policy_loss, ppo_clip_loss, reinforce_loss
+from verl_hf.algorithms import (
+    LOSS_AGG_MODES,
+    POLICY_LOSSES,
+    LossNorm,
+    get_policy_loss,
+    policy_loss_spec,
+    ppo_clip_loss,
+    reinforce_loss,
+)
 
 close = torch.testing.assert_close
 LN2 = math.log(2.0)
@@ -61,8 +69,7 @@ def test_gspo_hand():
 def test_gspo_honours_agg_mode_and_paper_defaults():
     old, logp, adv, mask = _gspo_example()
     # seq-mean-token-mean (the paper's): (mean(-1.1, -1.1) + mean(-1.2 x3)) / 2 = -1.15
-    loss, _ = pl.gspo_loss(old, logp, adv, mask, loss_agg_mode="seq-mean-token-mean",
-                           clip_ratio_low=0.2, clip_ratio_high=0.2)
+    loss, _ = pl.gspo_loss(old, logp, adv, mask, "seq-mean-token-mean", clip_ratio_low=0.2, clip_ratio_high=0.2)
     close(loss.detach(), torch.tensor(-1.15))
     # defaults 3e-4 / 4e-4: both s_i > 1.0004 with A > 0 -> every token -1.0004, no gradient
     loss, m = get_policy_loss("gspo")(old, logp, adv, mask)
@@ -80,17 +87,24 @@ def test_sapo_hand():
     logp = _leaf([[0.0, LN2, 50.0], [0.0, -LN2, 0.0]])
     adv = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]])
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
-    loss, m = pl.sapo_loss(old, logp, adv, mask, tau_pos=1.0, tau_neg=2.0)
     s1, sm1 = 1 / (1 + math.exp(-1)), 1 / (1 + math.exp(1))  # sigmoid(1) = 0.731059, sigmoid(-1) = 0.268941
     # gate f = (4/tau) sigmoid(tau (r - 1)); l = -A f
     # row 0: r=1 -> 4*0.5 = 2 -> -2 ; r=2 -> 4*0.731059 = 2.924234 -> -2.924234
     # row 1: r=1 -> 2*0.5 = 1 -> +1 ; r=0.5 -> 2*sigmoid(-1) = 0.537883 -> +0.537883 ; r=1 -> +1
-    # token-mean: (-2 - 2.924234 + 1 + 0.537883 + 1) / 5 = -0.4772702
+    # d l / d logp = -A r 4 sigma (1 - sigma): r=1 -> 1 ; row0 r=2 -> -8 * 0.196612 ; row1 r=0.5 -> 2 * 0.196612
+    w = s1 * sm1  # 0.196612
+    # Default (verl, the paper): seq-mean-token-mean whatever the mode says (token-mean here):
+    # row 0 mean(-2, -2.924234) = -2.462117 ; row 1 mean(1, 0.537883, 1) = 0.845961 ; / 2 seqs = -0.808078
+    loss, _ = pl.sapo_loss(old, logp, adv, mask, "token-mean", tau_pos=1.0, tau_neg=2.0)
+    default = ((-2 - 4 * s1) / 2 + (1 + 2 * sm1 + 1) / 3) / 2
+    assert default == pytest.approx(-0.808078, abs=1e-6)
+    close(loss.detach(), torch.tensor(default))
+    close(_grad(loss, logp), torch.tensor([[-1.0 / 4, -8 * w / 4, 0.0], [1.0 / 6, 2 * w / 6, 1.0 / 6]]))
+    # follow_loss_agg_mode=True honours the mode: token-mean (-2 - 2.924234 + 1 + 0.537883 + 1) / 5 = -0.4772702
+    loss, m = pl.sapo_loss(old, logp, adv, mask, tau_pos=1.0, tau_neg=2.0, follow_loss_agg_mode=True)
     expected = (-2 - 4 * s1 + 1 + 2 * sm1 + 1) / 5
     close(loss.detach(), torch.tensor(expected))
     assert expected == pytest.approx(-0.4772702, abs=1e-6)
-    # d l / d logp = -A r 4 sigma (1 - sigma): r=1 -> 1 ; row0 r=2 -> -8 * 0.196612 ; row1 r=0.5 -> 2 * 0.196612
-    w = s1 * sm1  # 0.196612
     close(_grad(loss, logp), torch.tensor([[-1.0, -8 * w, 0.0], [1.0, 2 * w, 1.0]]) / 5)
     assert m["gate_grad_mean"] == pytest.approx((3 + 2 * 4 * w) / 5, rel=1e-5)
     assert m["ratio_mean"] == pytest.approx((1 + 2 + 1 + 0.5 + 1) / 5, rel=1e-5)
@@ -101,10 +115,11 @@ def test_sapo_defaults_and_on_policy_gradient_is_reinforce():
     adv = torch.tensor([[1.0, 1.0, 1.0], [-2.0, -2.0, -2.0]])
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
     loss, _ = pl.sapo_loss(logp.detach(), logp, adv, mask)
-    # r = 1: f = 2/tau -> A=+1: -2 (tau_pos 1) x3 ; A=-2: +2 * 2/1.05 = 3.809524 x2 ; (-6 + 7.619048) / 5
-    close(loss.detach(), torch.tensor((-6 + 2 * 2 * 2 / 1.05) / 5))
-    # the gate's slope is 1 at r = 1 for any tau, so the gradient is exactly REINFORCE's
-    ref, _ = reinforce_loss(None, logp, adv, mask)
+    # r = 1: f = 2/tau -> A=+1: -2 (tau_pos 1) x3 ; A=-2: +2 * 2/1.05 = 3.809524 x2
+    # seq-mean-token-mean (the default): (mean(-2 x3) + mean(3.809524 x2)) / 2 = (-2 + 3.809524) / 2 = 0.904762
+    close(loss.detach(), torch.tensor((-2 + 2 * 2 / 1.05) / 2))
+    # the gate's slope is 1 at r = 1 for any tau, so the gradient is exactly REINFORCE's (same aggregation)
+    ref, _ = reinforce_loss(None, logp, adv, mask, "seq-mean-token-mean")
     close(_grad(loss, logp), _grad(ref, logp))
     with pytest.raises(ValueError, match="tau_pos and tau_neg must be > 0"):
         pl.sapo_loss(logp.detach(), logp, adv, mask, tau_neg=0.0)
@@ -144,10 +159,10 @@ def test_gpg_hand_equals_reinforce():
     close(loss.detach(), torch.tensor(-0.5))
     close(_grad(loss, logp), torch.tensor([[-0.5, 0.5, 0.0], [0.0, 0.0, 0.0]]))
     assert m == {}
-    # seq-mean-token-sum: -1 / 2 seqs (the empty one counts) = -0.5 ; same as reinforce in every mode
+    # seq-mean-token-sum: -1 / 1 seq (the empty one is left out, as verl) = -1 ; same as reinforce in every mode
     for mode in LOSS_AGG_MODES:
-        a, _ = pl.gpg_loss(None, logp, adv, mask, loss_agg_mode=mode)
-        b, _ = reinforce_loss(None, logp, adv, mask, loss_agg_mode=mode)
+        a, _ = pl.gpg_loss(None, logp, adv, mask, mode)
+        b, _ = reinforce_loss(None, logp, adv, mask, mode)
         close(a, b)
     _, m = pl.gpg_loss(logp.detach() - LN2, logp, adv, mask)
     assert m["ppo_kl"] == pytest.approx(0.5 * LN2 ** 2, rel=1e-5)
@@ -271,10 +286,10 @@ def test_geo_mean_hand():
     assert m["seq_ratio_mean"] == pytest.approx((r0 + r1) / 2, rel=1e-5)
     # loss_agg_mode is ignored (validated); num_seqs is the whole-step normaliser
     for mode in LOSS_AGG_MODES:
-        close(pl.geo_mean_loss(old, logp, adv, mask, loss_agg_mode=mode)[0], loss)
-    close(pl.geo_mean_loss(old, logp, adv, mask, num_seqs=4)[0].detach(), torch.tensor((-r0 + r1) / 4))
+        close(pl.geo_mean_loss(old, logp, adv, mask, mode)[0], loss)
+    close(pl.geo_mean_loss(old, logp, adv, mask, LossNorm(num_seqs=4))[0].detach(), torch.tensor((-r0 + r1) / 4))
     with pytest.raises(ValueError, match="unknown loss_agg_mode"):
-        pl.geo_mean_loss(old, logp, adv, mask, loss_agg_mode="sum")
+        pl.geo_mean_loss(old, logp, adv, mask, "sum")
 
 
 # ----------------------------------------------------------------------------- shared properties
@@ -287,11 +302,13 @@ def test_microbatch_sum_equals_full_batch(name, mode):
     logp = (-torch.rand(4, 5, generator=g) * 3).requires_grad_()
     old = logp.detach() + 0.3 * torch.randn(4, 5, generator=g)
     adv = torch.randn(4, 1, generator=g).expand(4, 5)
-    mask = (torch.arange(5) < torch.tensor([5, 1, 0, 3])[:, None]).float()  # 9 tokens, one empty response
-    fn, kw = POLICY_LOSSES[name], dict(loss_agg_mode=mode, clip_ratio_low=0.2, clip_ratio_high=0.2)
-    full, _ = fn(old, logp, adv, mask, **kw)
-    micro = sum(fn(old[i:i + 2], logp[i:i + 2], adv[i:i + 2], mask[i:i + 2], num_tokens=mask.sum(),
-                   num_seqs=4, **kw)[0] for i in (0, 2))
+    # 9 tokens, 3 sequences with a token: the empty response is left out of the count (verl)
+    mask = (torch.arange(5) < torch.tensor([5, 1, 0, 3])[:, None]).float()
+    spec = policy_loss_spec(name)
+    fn = spec.bind(**{k: 0.2 for k in ("clip_ratio_low", "clip_ratio_high") if k in spec.hyperparameters})
+    full, _ = fn(old, logp, adv, mask, LossNorm(mode))
+    step = LossNorm(mode, num_tokens=mask.sum(), num_seqs=3)
+    micro = sum(fn(old[i:i + 2], logp[i:i + 2], adv[i:i + 2], mask[i:i + 2], step)[0] for i in (0, 2))
     close(micro, full)
     close(_grad(micro, logp), _grad(full, logp))
 
@@ -303,11 +320,12 @@ def test_extreme_log_ratios_padding_and_empty_masks_are_finite(name, mode):
     logp = _leaf([[100.0, -100.0, float("nan")], [-100.0, 100.0, -float("inf")]])
     old = torch.tensor([[-100.0, 100.0, float("nan")], [100.0, -100.0, float("inf")]])
     adv = torch.tensor([[5.0, -5.0, 1e3], [-1e3, 2.0, -1.0]])
-    fn = POLICY_LOSSES[name]
+    spec = policy_loss_spec(name)
+    fn = spec.bind(**({"generator": torch.Generator().manual_seed(0)} if "generator" in spec.hyperparameters else {}))
     masks = (torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]]), torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]),
              torch.zeros(2, 3))
     for mask in masks:
-        loss, metrics = fn(old, logp, adv, mask, loss_agg_mode=mode, generator=torch.Generator().manual_seed(0))
+        loss, metrics = fn(old, logp, adv, mask, LossNorm(mode))
         g = _grad(loss, logp)
         assert torch.isfinite(loss) and torch.isfinite(g).all(), (name, mask)
         assert all(math.isfinite(v) and type(v) is float for v in metrics.values()), (name, metrics)
@@ -316,10 +334,14 @@ def test_extreme_log_ratios_padding_and_empty_masks_are_finite(name, mode):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_trainer_kwargs_are_accepted(name):
-    # the trainer passes the shared PPO knobs to every loss; extras must land in **unused
+def test_trainer_binding_is_accepted(name):
+    # the trainer binds the clip fields a loss declares (None = the loss's own default), then passes tensors and
+    # the step's LossNorm; a key the loss does not declare is refused instead of swallowed
     old, logp, adv, mask = _cov_example()
-    loss, _ = POLICY_LOSSES[name](old, logp, adv, mask, loss_agg_mode="token-mean", clip_ratio_low=0.2,
-                                  clip_ratio_high=0.28, clip_ratio_c=3.0, num_tokens=5, num_seqs=2,
-                                  norm_constant=3, kl_coef=0.1)
+    spec = policy_loss_spec(name)
+    config = {"clip_ratio_low": None, "clip_ratio_high": None, "clip_ratio_c": 3.0}
+    fn = spec.bind(**{k: v for k, v in config.items() if k in spec.hyperparameters})
+    loss, _ = fn(old, logp, adv, mask, LossNorm("token-mean", num_tokens=5, num_seqs=2, constant=3))
     assert torch.isfinite(loss)
+    with pytest.raises(ValueError, match=f"policy loss '{name}' has no hyper-parameter \\['kl_coef'\\]; valid: "):
+        spec.bind(kl_coef=0.1)

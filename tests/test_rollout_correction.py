@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from verl_hf.algorithms import get_policy_loss, rollout_is_weights
+from verl_hf.algorithms import LossNorm, get_policy_loss, rollout_is_weights
 
 OLD = torch.tensor([[0.0, -1.0, -2.0], [-0.5, -0.5, 0.0]])
 ROLLOUT = torch.tensor([[-1.0, -1.0, -1.0], [-0.5, 0.0, 0.0]])
@@ -57,8 +57,7 @@ def test_weighting_the_advantages_weights_each_token_gradient(name):
     grads = []
     for a in (adv, adv * weights):
         logp = old.clone().requires_grad_(True)
-        loss, _ = loss_fn(old, logp, a, mask, loss_agg_mode="seq-mean-token-sum", num_tokens=4.0, num_seqs=1.0,
-                          norm_constant=4)
+        loss, _ = loss_fn(old, logp, a, mask, LossNorm("seq-mean-token-sum", num_tokens=4.0, num_seqs=1.0, constant=4))
         loss.backward()
         grads.append(logp.grad)
     torch.testing.assert_close(grads[1], grads[0] * weights)

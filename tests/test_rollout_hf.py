@@ -1,9 +1,49 @@
-"""The HF generate engine: padding, EOS masking, truncation, grouping, seeds."""
+"""The engine contract and the HF generate engine: padding, EOS masking, truncation, grouping, seeds."""
 
+import pytest
 import torch
 
-from verl_hf.rollout import HFGenerateEngine, SamplingConfig
+from verl_hf.rollout import HFCopyEngine, HFGenerateEngine, HFSharedEngine, RolloutEngine, SamplingConfig
 from verl_hf.rollout.base import left_pad, mask_after_eos
+from verl_hf.rollout.vllm_engine import VLLMEngine
+from verl_hf.rollout.vllm_server import VLLMServerEngine
+
+
+def test_an_engine_that_only_generates_gets_the_safe_defaults(policy):
+    class OnlyGenerates(RolloutEngine):
+        def generate(self, prompt_ids, params): ...
+
+    engine = OnlyGenerates()
+    # Samples from weights nobody syncs: not fed by the sync, not shared, no cast, not the training model.
+    assert (engine.receives_weights, engine.shared_by_processes, engine.dtype) == (False, False, None)
+    assert not engine.generates_from(policy)
+    assert engine.prepare_for_weights() is None and engine.finish_sync() is None and engine.sleep() is None
+    for method, args in (("weight_names", ()), ("load_weights", ([],)), ("get_weights", ([],))):
+        with pytest.raises(NotImplementedError, match=f"OnlyGenerates has no {method}: .* receives_weights = True"):
+            getattr(engine, method)(*args)
+    with pytest.raises(TypeError, match="abstract"):
+        RolloutEngine()  # generate is the one method every engine writes
+
+
+def test_every_engine_is_a_rollout_engine(policy, tokenizer):
+    for cls in (HFSharedEngine, HFCopyEngine, VLLMEngine, VLLMServerEngine):
+        assert issubclass(cls, RolloutEngine), cls
+    assert HFGenerateEngine is HFSharedEngine  # the former name
+    shared = HFSharedEngine(policy, tokenizer.pad_token_id, [tokenizer.eos_token_id])
+    copy = HFCopyEngine.of(policy, tokenizer.pad_token_id, [tokenizer.eos_token_id], dtype=torch.bfloat16)
+    assert shared.generates_from(policy) and not shared.receives_weights and shared.dtype == torch.float32
+    assert not copy.generates_from(policy) and copy.receives_weights and copy.dtype == torch.bfloat16
+    assert not VLLMEngine.shared_by_processes and VLLMServerEngine.shared_by_processes
+
+
+def test_actor_refuses_an_engine_outside_the_contract(policy, tokenizer):
+    from verl_hf.roles import Actor
+
+    class DuckTyped:
+        def generate(self, prompt_ids, params): ...
+
+    with pytest.raises(TypeError, match="DuckTyped is not a verl_hf.rollout.RolloutEngine: subclass it"):
+        Actor(policy, tokenizer, engine=DuckTyped())
 
 
 def test_left_pad_hand_example():
@@ -22,7 +62,7 @@ def test_mask_after_eos_keeps_eos_and_pads_the_rest():
 
 
 def test_generate_groups_rows_and_respects_eos(policy, tokenizer):
-    engine = HFGenerateEngine(policy, tokenizer.pad_token_id, [tokenizer.eos_token_id])
+    engine = HFSharedEngine(policy, tokenizer.pad_token_id, [tokenizer.eos_token_id])
     prompts = [tokenizer("What is 12 plus 34?\n").input_ids, tokenizer("What is 5 plus 6?\n").input_ids]
     out = engine.generate(prompts, SamplingConfig(max_new_tokens=12, num_return_sequences=3, seed=0))
     assert out.prompt_ids.shape[0] == out.response_ids.shape[0] == 6
@@ -38,7 +78,7 @@ def test_generate_groups_rows_and_respects_eos(policy, tokenizer):
 
 
 def test_seed_makes_sampling_repeatable_and_greedy_is_deterministic(policy, tokenizer):
-    engine = HFGenerateEngine(policy, tokenizer.pad_token_id, [tokenizer.eos_token_id])
+    engine = HFSharedEngine(policy, tokenizer.pad_token_id, [tokenizer.eos_token_id])
     prompts = [tokenizer("What is 47 plus 38?\n").input_ids] * 4
     sample = lambda seed: engine.generate(prompts, SamplingConfig(max_new_tokens=12, seed=seed)).response_ids
     assert torch.equal(sample(1), sample(1))
@@ -50,14 +90,14 @@ def test_seed_makes_sampling_repeatable_and_greedy_is_deterministic(policy, toke
 
 def test_generate_restores_training_mode(policy, tokenizer):
     policy.train()
-    HFGenerateEngine(policy, tokenizer.pad_token_id, [tokenizer.eos_token_id]).generate(
+    HFSharedEngine(policy, tokenizer.pad_token_id, [tokenizer.eos_token_id]).generate(
         [[5, 6]], SamplingConfig(max_new_tokens=2))
     assert policy.training
 
 
 def test_model_generation_config_does_not_change_sampling(policy, tokenizer):
     """A repetition penalty shipped in the model's generation_config must not reach RL sampling."""
-    engine = HFGenerateEngine(policy, tokenizer.pad_token_id, [tokenizer.eos_token_id])
+    engine = HFSharedEngine(policy, tokenizer.pad_token_id, [tokenizer.eos_token_id])
     prompts = [tokenizer("What is 11 plus 11?\n").input_ids]
     greedy = SamplingConfig(max_new_tokens=10, do_sample=False)
     plain = engine.generate(prompts, greedy).response_ids

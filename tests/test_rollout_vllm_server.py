@@ -108,15 +108,15 @@ def test_server_samples_from_the_synced_weights(server):
 def test_server_returns_what_the_hf_engine_returns(server):
     """Greedy decoding after a sync: identical ids, masks and truncation flags from the server and the HF
     engine; per-prompt seeds give a prompt the same samples whatever else is in the batch."""
-    from verl_hf.rollout import HFGenerateEngine, SamplingConfig
+    from verl_hf.rollout import HFSharedEngine, SamplingConfig
     from verl_hf.sync import WeightSync
 
     model, tokenizer = _policy(0.01, seed=5)
     engine, prompts = _engine(server, model, tokenizer), [tokenizer(p)["input_ids"] for p in PROMPTS]
     WeightSync(owner_rank=0).sync(model, engine)
     greedy = SamplingConfig(max_new_tokens=12, do_sample=False)
-    a, b = engine.generate(prompts, greedy), HFGenerateEngine(model, tokenizer.pad_token_id,
-                                                               [tokenizer.eos_token_id]).generate(prompts, greedy)
+    a, b = engine.generate(prompts, greedy), HFSharedEngine(model, tokenizer.pad_token_id,
+                                                             [tokenizer.eos_token_id]).generate(prompts, greedy)
     for field in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "truncated"):
         assert torch.equal(getattr(a, field), getattr(b, field)), field
     seeded = dict(max_new_tokens=12, num_return_sequences=3)

@@ -138,16 +138,21 @@ def test_dynamic_sampling_keeps_groups_whose_costs_differ():
     """A group with equal rewards but different costs still has cost advantages: dynamic sampling keeps it."""
     import torch
 
+    from types import SimpleNamespace
+
     from verl_hf.batch import RolloutBatch
-    from verl_hf.trainer import _split_informative
+    from verl_hf.round import split_informative
+    from verl_hf.safety import NoConstraint, SafetyConstraint
+
+    safety = SafetyConstraint([], SimpleNamespace(lambda_init=1.0, episode_cost_window_size=8))
 
     rows = 6
     batch = RolloutBatch(prompt_ids=torch.ones(rows, 2, dtype=torch.long), prompt_mask=torch.ones(rows, 2),
                          response_ids=torch.ones(rows, 3, dtype=torch.long), response_mask=torch.ones(rows, 3),
                          group_ids=torch.tensor([0, 0, 1, 1, 2, 2]), truncated=torch.zeros(rows, dtype=torch.bool),
                          rewards=torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 1.0]))
-    kept, flat = _split_informative(batch)
+    kept, flat = split_informative(batch, NoConstraint())
     assert kept.group_ids.tolist() == [2, 2]
     batch.costs = torch.tensor([0.0, 0.0, 0.0, 1.0, 0.0, 0.0])
-    kept, flat = _split_informative(batch)
+    kept, flat = split_informative(batch, safety)
     assert kept.group_ids.tolist() == [1, 1, 2, 2] and flat.group_ids.tolist() == [0, 0]

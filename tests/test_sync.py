@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from conftest import small_config
 from verl_hf import VerlTrainer
 from verl_hf.roles import Actor
-from verl_hf.rollout import HFGenerateEngine
+from verl_hf.rollout import HFCopyEngine
 from verl_hf.sync import PeakMemory, WeightSync, engine_name, plan_buckets, weight_units
 
 
@@ -32,7 +32,7 @@ def test_engine_name_strips_every_wrapper(training, engine):
 
 
 def _engine(model, tokenizer, **kwargs):
-    return HFGenerateEngine.inference_copy(model, tokenizer.pad_token_id, [tokenizer.eos_token_id], **kwargs)
+    return HFCopyEngine.of(model, tokenizer.pad_token_id, [tokenizer.eos_token_id], **kwargs)
 
 
 def _perturb(model):
@@ -96,17 +96,17 @@ def test_engine_of_another_architecture_names_the_first_unmatched_weight(policy,
     other = LlamaForCausalLM(LlamaConfig(vocab_size=tokenizer.vocab_size, hidden_size=64, intermediate_size=64,
                                          num_hidden_layers=policy.config.num_hidden_layers + 1, num_attention_heads=1,
                                          tie_word_embeddings=True))
-    engine = HFGenerateEngine(other, tokenizer.pad_token_id, [tokenizer.eos_token_id], receives_weights=True)
+    engine = HFCopyEngine(other, tokenizer.pad_token_id, [tokenizer.eos_token_id])
     with pytest.raises(ValueError, match="never sets the engine weight 'model.layers.2"):
         WeightSync().sync(policy, engine)
     fewer = LlamaForCausalLM(LlamaConfig(vocab_size=tokenizer.vocab_size, hidden_size=64, num_hidden_layers=1,
                                          num_attention_heads=1, tie_word_embeddings=True))
-    engine = HFGenerateEngine(fewer, tokenizer.pad_token_id, [tokenizer.eos_token_id], receives_weights=True)
+    engine = HFCopyEngine(fewer, tokenizer.pad_token_id, [tokenizer.eos_token_id])
     with pytest.raises(ValueError, match="no weight named 'model.layers.1"):
         WeightSync().sync(policy, engine)
 
 
-class SkipsOneWeight(HFGenerateEngine):
+class SkipsOneWeight(HFCopyEngine):
     """An engine with a transport bug: it drops the final norm."""
 
     def load_weights(self, named_tensors):
@@ -114,7 +114,7 @@ class SkipsOneWeight(HFGenerateEngine):
 
 
 def test_verify_fails_loudly_when_the_engine_differs(policy, tokenizer):
-    engine = SkipsOneWeight(copy.deepcopy(policy), tokenizer.pad_token_id, [tokenizer.eos_token_id], receives_weights=True)
+    engine = SkipsOneWeight(copy.deepcopy(policy), tokenizer.pad_token_id, [tokenizer.eos_token_id])
     _perturb(policy)
     WeightSync(verify=False).sync(policy, engine)  # without verification the bug goes unnoticed
     with pytest.raises(RuntimeError, match="'model.norm.weight' differs"):
@@ -187,7 +187,7 @@ def test_rollout_dtype_needs_an_engine_copy(tmp_path, warm_start_dir, addition):
 def test_auto_rollout_dtype_follows_mixed_precision(tmp_path, policy):
     import dataclasses
 
-    from verl_hf.trainer_setup import rollout_dtype
+    from verl_hf.rollout.factory import rollout_dtype
 
     args = small_config(tmp_path)
     assert rollout_dtype(args, policy) == torch.float32

@@ -19,7 +19,7 @@ SCRIPT = textwrap.dedent('''
     from transformers.initialization import no_init_weights
     from verl_hf.demo import WARM_START_DIR
     from verl_hf.roles import Actor
-    from verl_hf.rollout import HFGenerateEngine
+    from verl_hf.rollout import HFCopyEngine, RolloutEngine
     from verl_hf.sync import WeightSync
     from verl_hf.sync.gather import gather_partitioned
 
@@ -43,14 +43,14 @@ SCRIPT = textwrap.dedent('''
         assert torch.equal(only_owner, full.get_parameter(name)) if rank == 0 else only_owner is None, name
 
     # 2. a sync into inference copies, checked against DeepSpeed's own GatheredParameters
-    engine = HFGenerateEngine.inference_copy(model, tok.pad_token_id, [tok.eos_token_id])
+    engine = HFCopyEngine.of(model, tok.pad_token_id, [tok.eos_token_id])
     metrics = WeightSync(bucket_mb=0.5, verify=True).sync(model, engine)
     assert metrics["sync/buckets"] > 1, metrics
     for name, p in full.named_parameters():
         assert torch.equal(engine.get_weights([name])[name], p), name
 
     # 3. one owner: only rank 0's engine receives weights; rank 1 only sends its shards
-    engine = HFGenerateEngine.inference_copy(model, tok.pad_token_id, [tok.eos_token_id])
+    engine = HFCopyEngine.of(model, tok.pad_token_id, [tok.eos_token_id])
     metrics = WeightSync(bucket_mb=0.5, verify=True, owner_rank=0).sync(model, engine)
     pushed = metrics["sync/gigabytes"]
     weights = dict(engine.model.named_parameters())
@@ -67,7 +67,7 @@ SCRIPT = textwrap.dedent('''
             if Broken.calls == 2:
                 raise OSError("the rollout server went away")
             return super().load_weights(named_tensors)
-    broken = HFGenerateEngine.inference_copy(model, tok.pad_token_id, [tok.eos_token_id])
+    broken = HFCopyEngine.of(model, tok.pad_token_id, [tok.eos_token_id])
     broken.__class__ = Broken
     try:
         WeightSync(bucket_mb=0.5, owner_rank=0).sync(model, broken)
@@ -79,7 +79,7 @@ SCRIPT = textwrap.dedent('''
         raise AssertionError("a failed push raised nothing")
 
     # 4. an engine that cannot receive weights is refused for a ZeRO-3 policy
-    class FixedWeights:
+    class FixedWeights(RolloutEngine):
         def generate(self, prompt_ids, params): ...
     try:
         Actor(model, tok, engine=FixedWeights())

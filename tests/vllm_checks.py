@@ -14,7 +14,7 @@ from conftest import small_config  # noqa: E402
 from verl_hf import VerlTrainer  # noqa: E402
 from verl_hf.demo import WARM_START_DIR  # noqa: E402
 from verl_hf.demo.task import demo_splits  # noqa: E402
-from verl_hf.rollout import HFGenerateEngine, SamplingConfig  # noqa: E402
+from verl_hf.rollout import HFSharedEngine, SamplingConfig  # noqa: E402
 
 out_dir = Path(sys.argv[1]).parent
 train, _, test = demo_splits(seed=0, num_train=2000, num_test=100, num_dev=10)
@@ -42,7 +42,7 @@ figures["logprob_max_abs_diff"] = (batch.rollout_logprobs - trainer.actor.get_lo
 figures["rows"], figures["tokens"] = len(batch), int(mask.sum())
 
 # 3. Same result format as the HF engine: greedy responses, masks and truncation flags are identical.
-hf = HFGenerateEngine(trainer.model, trainer.processing_class.pad_token_id, engine.eos_token_ids)
+hf = HFSharedEngine(trainer.model, trainer.processing_class.pad_token_id, engine.eos_token_ids)
 greedy = SamplingConfig(max_new_tokens=12, do_sample=False)
 a, b = engine.generate(prompts, greedy), hf.generate(prompts, greedy)
 figures["greedy_identical"] = all(torch.equal(getattr(a, f).cpu(), getattr(b, f).cpu()) for f in

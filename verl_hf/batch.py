@@ -43,9 +43,9 @@ class RolloutBatch:
     costs: torch.Tensor | None = None  # (B,)
     cost_values: torch.Tensor | None = None  # (B, Lr)
     cost_returns: torch.Tensor | None = None  # (B, Lr)
-    # Loss normalisers of the optimizer step this micro-batch belongs to (see algorithms.agg_loss).
-    step_num_tokens: float | None = None
-    step_num_seqs: float | None = None
+    # The loss normaliser of the optimizer step this micro-batch belongs to (algorithms.LossNorm: mode, the
+    # step's token and sequence counts, the constant), set when a round is cut into micro-batches.
+    loss_norm: object = None
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
@@ -57,6 +57,10 @@ class RolloutBatch:
     @property
     def attention_mask(self) -> torch.Tensor:
         return torch.cat([self.prompt_mask, self.response_mask], dim=1)
+
+    def completion_ids(self) -> list[list[int]]:
+        """Each response's token ids up to and including its EOS (what reward functions receive)."""
+        return [ids[mask.bool()].tolist() for ids, mask in zip(self.response_ids, self.response_mask)]
 
     def select(self, index) -> "RolloutBatch":
         """The rows `index` (a slice, a list of ints or a bool tensor), every field cut alike."""
@@ -100,7 +104,7 @@ def concat_batches(batches: list[RolloutBatch], pad_token_id: int) -> RolloutBat
     merged, offset = {}, 0
     for f in fields(RolloutBatch):
         values = [getattr(b, f.name) for b in batches]
-        if all(v is None for v in values) or f.name.startswith("step_num"):
+        if all(v is None for v in values) or f.name == "loss_norm":
             continue
         if isinstance(values[0], torch.Tensor):
             if f.name in pads or f.name in TOKEN_FIELDS:

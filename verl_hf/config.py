@@ -23,14 +23,13 @@ from dataclasses import dataclass, field
 from transformers import TrainingArguments
 
 from .algorithms import ADVANTAGE_ESTIMATORS, IS_LEVELS, IS_MODES, KL_CONTROLLERS, KL_KINDS, LOSS_AGG_MODES, POLICY_LOSSES
+from .algorithms import SINGLETON_ADVANTAGES, advantage_spec, policy_loss_spec
 
 logger = logging.getLogger(__name__)
 
 ROLLOUT_ENGINES = ("hf", "vllm", "vllm_server")
 HF_ENGINE_WEIGHTS = ("auto", "shared", "copy")
 ROLLOUT_DTYPES = ("auto", "float32", "bfloat16", "float16")
-# Estimators whose baseline comes from the other samples of the same prompt.
-GROUP_ESTIMATORS = ("grpo", "rloo", "grpo_passk", "opo", "gpg", "reinforce_plus_plus_baseline")
 
 
 def _help(text: str) -> dict:
@@ -218,6 +217,13 @@ class VerlConfig(TrainingArguments):
     norm_adv_by_std_in_grpo: bool = field(
         default=True, metadata=_help("GRPO divides by the group's reward std; False gives Dr.GRPO.")
     )
+    singleton_group_advantage: str = field(
+        default="score",
+        metadata=_help(f"Advantage of a prompt group with one sample (group estimators such as grpo, rloo, opo, "
+                       f"gpg, reinforce_plus_plus_baseline; grpo_passk always gives 0), {SINGLETON_ADVANTAGES}: "
+                       f"'score' = baseline 0 and std 1, so the advantage is the score (verl 0.9.1); 'zero' = no "
+                       f"baseline, no learning signal. Singletons arise e.g. when a group's other rows are unscored."),
+    )
     policy_loss: str = field(default="vanilla", metadata=_help("Policy loss, by registered name."))
     clip_ratio_low: float | None = field(
         default=None, metadata=_help("Lower clip: ratio >= 1 - clip_ratio_low. Default: the loss's own (0.2 for "
@@ -227,6 +233,11 @@ class VerlConfig(TrainingArguments):
                                      "Default: the loss's own (0.2 vanilla, 4e-4 gspo, 0.4 geo_mean)."))
     clip_ratio_c: float = field(default=3.0, metadata=_help("Dual-clip bound for negative advantages (> 1)."))
     loss_agg_mode: str = field(default="token-mean", metadata=_help(f"How token losses are averaged: {LOSS_AGG_MODES}."))
+    seq_mean_count_empty_rows: bool = field(
+        default=False,
+        metadata=_help("seq-mean-* modes: False = the step's sequence count leaves out responses with no token "
+                       "left in the loss (e.g. unscored rows), as verl 0.9.1; True = count every row."),
+    )
     ppo_epochs: int = field(default=1, metadata=_help("Passes of policy updates over one rollout round."))
     kl_coef: float = field(default=0.0, metadata=_help("KL(actor || reference) coefficient (its start value for "
                                                        "adaptive/pid control); 0 loads no reference."))
@@ -369,6 +380,7 @@ def _check_names(cfg: VerlConfig) -> None:
     _one_of("adv_estimator", cfg.adv_estimator, ADVANTAGE_ESTIMATORS)
     _one_of("policy_loss", cfg.policy_loss, POLICY_LOSSES)
     _one_of("loss_agg_mode", cfg.loss_agg_mode, LOSS_AGG_MODES)
+    _one_of("singleton_group_advantage", cfg.singleton_group_advantage, SINGLETON_ADVANTAGES)
     _one_of("kl_kind", cfg.kl_kind.rstrip("+"), KL_KINDS)
     _one_of("rollout_engine", cfg.rollout_engine, ROLLOUT_ENGINES)
     _one_of("kl_controller", cfg.kl_controller, KL_CONTROLLERS)
@@ -433,7 +445,7 @@ def _check_ranges(cfg: VerlConfig) -> None:
                          "rollout_engine='hf' (vLLM is checked by its log-probs, tests/test_rollout_vllm.py).")
     if cfg.dynamic_sampling and cfg.num_generations < 2:
         raise ValueError("dynamic_sampling drops groups whose rewards are all equal; it needs num_generations >= 2.")
-    if cfg.adv_estimator in GROUP_ESTIMATORS and cfg.num_generations < 2:
+    if advantage_spec(cfg.adv_estimator).needs_groups and cfg.num_generations < 2:
         raise ValueError(
             f"adv_estimator={cfg.adv_estimator!r} compares the responses of one prompt, so it needs "
             f"num_generations >= 2 (got {cfg.num_generations}); set num_generations to 2 or more (8 is common)."
@@ -514,13 +526,14 @@ def _check_safety(cfg: VerlConfig) -> None:
         if cfg.safety_filter_threshold is not None:
             raise ValueError("safety_filter_threshold needs costs: set cost_funcs or cost_model_path.")
         return
-    if cfg.use_kl_in_reward and cfg.adv_estimator != "gae":
+    spec = advantage_spec(cfg.adv_estimator)
+    if cfg.use_kl_in_reward and not spec.needs_values:
         raise ValueError(f"Safe-RLHF with adv_estimator={cfg.adv_estimator!r} normalises costs per group, so KL "
                          f"cannot ride in the reward (it would become cost noise); set use_kl_in_reward=False (KL as "
                          f"a loss term) or use adv_estimator='gae'.")
-    if cfg.adv_estimator == "remax":
-        raise ValueError("Safe-RLHF needs an advantage for costs too, but ReMax's baseline is the greedy response's "
-                         "reward; use adv_estimator='gae' (PPO-Lagrangian), 'grpo' or 'rloo' with costs.")
+    if spec.needs_greedy_baseline:
+        raise ValueError(f"Safe-RLHF needs an advantage for costs too, but {spec.display_name}'s baseline is the greedy "
+                         f"response's reward; use adv_estimator='gae' (PPO-Lagrangian), 'grpo' or 'rloo' with costs.")
     checks = [("lambda_init", cfg.lambda_init > 0, "must be > 0 (it is kept as log(lambda))"),
               ("lambda_lr", cfg.lambda_lr >= 0, "must be >= 0"),
               ("lambda_max", cfg.lambda_max is None or cfg.lambda_max >= cfg.lambda_init,
@@ -531,19 +544,15 @@ def _check_safety(cfg: VerlConfig) -> None:
 
 
 def _check_policy_loss_kwargs(args: "VerlConfig") -> None:
-    """Every key of policy_loss_kwargs must be a keyword the chosen loss takes (a typo would be ignored)."""
-    import inspect
-
-    params = inspect.signature(POLICY_LOSSES[args.policy_loss]).parameters
-    own = {n for n, p in params.items() if p.kind == p.KEYWORD_ONLY} - {"loss_agg_mode", "num_tokens", "num_seqs",
-                                                                         "norm_constant"}
-    unknown = sorted(set(args.policy_loss_kwargs) - own)
+    """Every key of policy_loss_kwargs must be a hyper-parameter the chosen loss declares (a typo would be ignored)."""
+    spec = policy_loss_spec(args.policy_loss)
+    unknown = sorted(set(args.policy_loss_kwargs) - set(spec.hyperparameters))
     if unknown:
         raise ValueError(f"policy_loss_kwargs {unknown} are not keywords of policy_loss={args.policy_loss!r}; "
-                         f"it takes {sorted(own)}.")
+                         f"it takes {sorted(spec.hyperparameters)}.")
     clash = sorted(k for k in ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c") if k in args.policy_loss_kwargs)
     if clash:
         raise ValueError(f"set {clash} as VerlConfig fields, not in policy_loss_kwargs.")
-    if args.ppo_epochs > 1 and "old_logprobs" in params and args.policy_loss in ("reinforce", "gpg"):
+    if args.ppo_epochs > 1 and not spec.uses_old_logprobs:
         logger.warning(f"policy_loss={args.policy_loss!r} ignores old log-probs: ppo_epochs={args.ppo_epochs} makes "
                        f"later epochs off-policy without correction.")

@@ -80,6 +80,17 @@ def prepare_prompts(dataset, tokenizer, data_key_map: dict | None, max_prompt_le
     return dataset
 
 
+def prepare_datasets(train_dataset, eval_dataset, tokenizer, args):
+    """(train, eval) prepared with `prepare_prompts` (either may be None; eval may be a dict of named sets)."""
+    def prepare(ds, split):
+        return prepare_prompts(ds, tokenizer, args.data_key_map, args.max_prompt_length, split)
+
+    train = prepare(train_dataset, "train") if train_dataset is not None else None
+    if isinstance(eval_dataset, dict):
+        return train, {k: prepare(v, f"eval[{k}]") for k, v in eval_dataset.items()}
+    return train, prepare(eval_dataset, "eval") if eval_dataset is not None else None
+
+
 def keep_rows(rows: list[dict]) -> list[dict]:
     """Collate function: a batch is the list of dataset rows (reward functions need every column)."""
     return rows

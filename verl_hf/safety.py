@@ -1,5 +1,6 @@
-"""Safe-RLHF (Dai et al., ICLR 2024) inside VerlTrainer: costs per response, the Lagrange multiplier, and
-under PPO a cost critic.
+"""Safe-RLHF (Dai et al., ICLR 2024) as one constraint component that the round builder and the update call
+at fixed points: costs per response, the safety filter, the cost critic (PPO), the Lagrange multiplier, and the
+evaluation figures. Without costs configured, `NoConstraint` stands in and does nothing at each point.
 
 Costs come from cost functions (the reward-function signature; cost > 0 marks a response unsafe) and/or a cost
 model (a score model loaded like a reward model). Every process keeps the same window of the latest episode
@@ -11,16 +12,62 @@ See it work: tests/test_safety.py, examples/safe_rlhf/.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections import deque
 
 import torch
 
-from .algorithms import lagrange_multiplier_step, unsafe_rate
+from .algorithms import group_all_equal, lagrange_multiplier_step, lagrangian_advantages, masked_mean
+from .algorithms import place_outcome_rewards, unsafe_rate
 from .rewards import score_completions
+
+SAFETY_FILE = "safety.json"
+COST_CRITIC_DIR = "cost_critic"
+
+
+class NoConstraint:
+    """The constraint of a run without costs: every fixed point passes its value through."""
+
+    enabled = False
+    cost_critic = None
+    cost_funcs: tuple = ()
+
+    def score(self, batch, metrics):
+        return batch
+
+    def flat_groups(self, batch, flat_by_reward: torch.Tensor) -> torch.Tensor:
+        return flat_by_reward
+
+    def add_values(self, batch, micro_batch_size):
+        return batch
+
+    def observe_round(self, batch, step: int, metrics) -> None:
+        return None
+
+    def advantages(self, batch, reward_advantages, token_rewards, estimate, metrics):
+        return reward_advantages, None
+
+    def critics(self) -> list:
+        return []
+
+    def eval_costs(self, batch) -> list[float]:
+        return []
+
+    def save(self, output_dir: str, main_process: bool) -> None:
+        return None
+
+    def load(self, checkpoint: str) -> None:
+        return None
 
 
 class SafetyConstraint:
+    """Holds: log(lambda), the window of the latest episode costs (every process's), the cost functions and,
+    under PPO, the cost critic. It answers at the same fixed points as NoConstraint."""
+
+    enabled = True
+
     def __init__(self, cost_funcs: list, args, cost_critic=None):
         self.cost_funcs, self.args, self.cost_critic = cost_funcs, args, cost_critic
         self.log_lambda = math.log(args.lambda_init)
@@ -42,6 +89,61 @@ class SafetyConstraint:
                         if k.count("/") == 2})  # per-function means and error counts
         return costs, metrics
 
+    # ---------------------------------------------------------------- the round builder's fixed points
+    def score(self, batch, metrics):
+        """Costs of a scored batch; the safety filter marks responses over its threshold as unscored (no
+        gradient, no share in their group's baseline)."""
+        with metrics.timer("cost"):
+            costs, cost_metrics = self.costs(batch.prompts, batch.completions, batch.completion_ids(), batch.columns)
+        batch.costs = costs.to(batch.response_mask.device)
+        metrics.record(cost_metrics)
+        if self.args.safety_filter_threshold is not None:
+            keep = batch.costs <= self.args.safety_filter_threshold
+            batch.valid = batch.valid & keep
+            metrics.record({"safety/filtered_frac": 1.0 - keep.float().mean().item()})
+        return batch
+
+    def flat_groups(self, batch, flat_by_reward: torch.Tensor) -> torch.Tensor:
+        """A group also informs when only its costs differ (its cost advantages are not zero)."""
+        return flat_by_reward & group_all_equal(batch.costs.to(batch.rewards.device), batch.group_ids, batch.valid)
+
+    def add_values(self, batch, micro_batch_size):
+        if self.cost_critic is not None:
+            batch.cost_values = self.cost_critic.compute_values(batch, micro_batch_size)
+        return batch
+
+    def observe_round(self, batch, step: int, metrics) -> None:
+        """Once per round, on the round that trains (after dynamic sampling): every process adds every process's
+        costs to its window, so lambda agrees everywhere without being sent; then one multiplier step."""
+        everyone = batch.costs.tolist()
+        if self.args.world_size > 1:
+            from accelerate.utils import gather_object
+
+            everyone = gather_object(everyone)
+        self.window.extend(everyone)
+        metrics.record(self.update_lambda(step))
+
+    def advantages(self, batch, reward_advantages, token_rewards, estimate, metrics):
+        """(A_r - lambda A_c) / (1 + lambda) and the cost returns. Cost advantages come from the same estimator
+        (GAE with the cost critic, or group-normalised). KL in the reward enters the cost with the opposite sign,
+        so its weight stays kl_coef whatever lambda (Safe-RLHF's code puts half in each; the same up to kl_coef)."""
+        mask = batch.response_mask.float()
+        kl_in_reward = token_rewards - place_outcome_rewards(batch.rewards, mask)  # -beta * KL, or zeros
+        cost_advantages, cost_returns = estimate(place_outcome_rewards(batch.costs, mask) - kl_in_reward,
+                                                 batch.cost_values)
+        metrics.record({"advantages/reward_mean": masked_mean(reward_advantages, mask).item(),
+                        "advantages/cost_mean": masked_mean(cost_advantages, mask).item()})
+        return lagrangian_advantages(reward_advantages, cost_advantages, self.lagrange_lambda), cost_returns
+
+    # ---------------------------------------------------------------- the update and evaluation
+    def critics(self) -> list:
+        """(critic, old-values field, returns field, metric prefix) for each critic the update trains."""
+        return [] if self.cost_critic is None else [(self.cost_critic, "cost_values", "cost_returns", "cost_critic")]
+
+    def eval_costs(self, batch) -> list[float]:
+        return self.costs(batch.prompts, batch.completions, batch.completion_ids(), batch.columns)[0].tolist()
+
+    # ---------------------------------------------------------------- lambda and its state
     def observe(self, episode_costs: list[float]) -> None:
         """Costs of this round from every process, in rank order."""
         self.window.extend(episode_costs)
@@ -60,3 +162,20 @@ class SafetyConstraint:
     def load_state_dict(self, state: dict) -> None:
         self.log_lambda = state["log_lambda"]
         self.window = deque(state["window"], maxlen=self.args.episode_cost_window_size)
+
+    def save(self, output_dir: str, main_process: bool) -> None:
+        if main_process:
+            with open(os.path.join(output_dir, SAFETY_FILE), "w") as f:
+                json.dump(self.state_dict(), f)
+        if self.cost_critic is not None:
+            self.cost_critic.save_checkpoint(os.path.join(output_dir, COST_CRITIC_DIR), main_process=main_process)
+
+    def load(self, checkpoint: str) -> None:
+        path = os.path.join(checkpoint, SAFETY_FILE)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{checkpoint} has no {SAFETY_FILE}: it was not saved by a Safe-RLHF run "
+                                    f"(cost_funcs / cost_model_path).")
+        with open(path) as f:
+            self.load_state_dict(json.load(f))
+        if self.cost_critic is not None:
+            self.cost_critic.load_checkpoint(os.path.join(checkpoint, COST_CRITIC_DIR))

@@ -13,10 +13,11 @@ from dataclasses import fields
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, TrainingArguments
 
+from .algorithms import advantage_spec
 from .config import VerlConfig
+from .distributed import deepspeed_inference, is_zero3, zero_stage as accelerator_zero_stage
 from .rewards import resolve_reward_funcs
 from .roles import Critic, ReferencePolicy, RewardModel
-from .sync.gather import is_zero3
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +59,9 @@ def resolve_rewards(args: VerlConfig, reward_funcs, reward_model):
 
 
 def make_safety(trainer, policy, args: VerlConfig):
-    """Safe-RLHF's constraint when costs are configured: cost functions and cost model resolved now, the cost
-    critic (PPO) built like the reward critic, the cost model placed like reward models."""
+    """Safe-RLHF's constraint when costs are configured (else None): cost functions and cost model resolved now,
+    the cost critic (estimators with values, PPO) built like the reward critic, the cost model placed like
+    reward models."""
     if not args.safe_rl:
         return None
     from .safety import SafetyConstraint
@@ -72,7 +74,7 @@ def make_safety(trainer, policy, args: VerlConfig):
     cost_funcs = resolve_reward_funcs(specs)
     place_reward_models(trainer, cost_funcs)
     cost_critic = make_critic(cost_critic_start(args), policy, args, trainer=trainer) \
-        if args.adv_estimator == "gae" else None
+        if advantage_spec(args.adv_estimator).needs_values else None
     return SafetyConstraint(cost_funcs, args, cost_critic)
 
 
@@ -157,7 +159,7 @@ def policy_path(model) -> str | None:
 def make_critic(critic, policy, args: VerlConfig, trainer=None) -> Critic | None:
     """The PPO critic: given (role, model or path), or a value head on the policy's own checkpoint. Under
     DeepSpeed it gets its own engine with the run's ZeRO stage; under DDP its gradients are averaged in step()."""
-    if args.adv_estimator != "gae":
+    if not advantage_spec(args.adv_estimator).needs_values:
         if critic is not None:
             raise ValueError(f"critic= is given but adv_estimator={args.adv_estimator!r} uses no values; set "
                              f"adv_estimator='gae' (PPO) or drop the critic.")
@@ -179,82 +181,8 @@ def make_critic(critic, policy, args: VerlConfig, trainer=None) -> Critic | None
 
 
 def zero_stage(trainer) -> int | None:
-    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
-    return getattr(plugin, "zero_stage", None)
-
-
-def make_engine(trainer, args: VerlConfig):
-    """The HF rollout engine in the form `rollout_hf_weights` asks for ('auto': see VerlConfig)."""
-    from .roles.actor import eos_token_ids
-    from .rollout import HFGenerateEngine
-
-    model, tokenizer = trainer.model, trainer.processing_class
-    if args.rollout_engine == "vllm":
-        return make_vllm_engine(model, tokenizer, args)
-    if args.rollout_engine == "vllm_server":
-        return make_vllm_server_engine(model, tokenizer, args)
-    form = args.rollout_hf_weights
-    if form == "auto":
-        form = "copy" if zero_stage(trainer) == 3 else "shared"
-    eos = eos_token_ids(model, tokenizer)
-    if form == "shared":
-        if args.rollout_dtype != "auto":
-            raise ValueError(f"rollout_dtype={args.rollout_dtype!r} needs an engine with its own weights; set "
-                             f"rollout_hf_weights='copy' (or leave rollout_dtype='auto').")
-        return HFGenerateEngine(model, tokenizer.pad_token_id, eos)
-    dtype = rollout_dtype(args, model)
-    return HFGenerateEngine.inference_copy(model, tokenizer.pad_token_id, eos, dtype=dtype, device=args.device)
-
-
-def rollout_dtype(args: VerlConfig, model) -> torch.dtype:
-    """The engine's weight dtype: as configured; for 'auto' the mixed-precision dtype when training uses one
-    (the forward passes already compute in it, and the copy takes half the memory), else the weights' own."""
-    if args.rollout_dtype != "auto":
-        return getattr(torch, args.rollout_dtype)
-    if args.bf16:
-        return torch.bfloat16
-    if args.fp16:
-        return torch.float16
-    return next(model.parameters()).dtype
-
-
-def make_vllm_engine(model, tokenizer, args: VerlConfig):
-    """A colocated vLLM engine for this process, sized from VerlConfig; filled by the weight sync."""
-    from .roles.actor import eos_token_ids
-    from .rollout.vllm_engine import VLLMEngine
-
-    tp = args.rollout_tensor_parallel_size
-    if args.world_size % tp:
-        raise ValueError(f"rollout_tensor_parallel_size={tp} must divide the number of processes "
-                         f"({args.world_size}); e.g. {args.world_size} or 1.")
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    kv_mb = args.vllm_kv_cache_mb or (None if torch.cuda.is_available() else 256)
-    dtype = rollout_dtype(args, base)
-    return VLLMEngine(
-        base.config, tokenizer.pad_token_id, eos_token_ids(model, tokenizer), dtype=dtype,
-        seed=args.seed + args.process_index // tp,  # one seed per data-parallel rank, shared inside a TP group
-        max_model_len=args.vllm_max_model_len or args.max_prompt_length + args.max_response_length,
-        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-        kv_cache_memory_bytes=kv_mb * 2**20 if kv_mb else None, tensor_parallel_size=tp,
-        distributed=args.world_size > 1, sleep_level=args.vllm_sleep_level,
-    )
-
-
-def make_vllm_server_engine(model, tokenizer, args: VerlConfig):
-    """A client of the running vLLM server at vllm_server_url (checked now, before any training)."""
-    from .roles.actor import eos_token_ids
-    from .rollout.vllm_server import VLLMServerEngine
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return VLLMServerEngine(args.vllm_server_url, base.config, tokenizer.pad_token_id, eos_token_ids(model, tokenizer),
-                            max_model_len=args.max_prompt_length + args.max_response_length,
-                            timeout_s=args.vllm_server_timeout_s)
-
-
-def make_weight_sync(args: VerlConfig, engine):
-    from .sync import WeightSync
-
-    return WeightSync.from_config(args, engine)
+    """The run's DeepSpeed ZeRO stage; None without DeepSpeed."""
+    return accelerator_zero_stage(trainer.accelerator)
 
 
 def make_kl_ctrl(args: VerlConfig):
@@ -271,27 +199,6 @@ def make_kl_ctrl(args: VerlConfig):
 
 
 
-def deepspeed_inference(trainer, model):
-    """`model` in a DeepSpeed inference engine with the run's ZeRO-3 settings (no optimizer): sharded like
-    the actor, gathered layer by layer in each forward. Returns the engine."""
-    import copy
-
-    import deepspeed
-
-    config = copy.deepcopy(trainer.accelerator.state.deepspeed_plugin.deepspeed_config)
-    config.pop("optimizer", None)
-    config.pop("scheduler", None)
-    hidden = getattr(model.config, "hidden_size", None) or 1024
-    zero = config.setdefault("zero_optimization", {})
-    for key, value in (("reduce_bucket_size", hidden * hidden), ("stage3_prefetch_bucket_size", int(0.9 * hidden * hidden)),
-                       ("stage3_param_persistence_threshold", 10 * hidden)):
-        if zero.get(key) == "auto":
-            zero[key] = value
-    engine, *_ = deepspeed.initialize(model=model, config=config)
-    engine.eval()
-    return engine
-
-
 def zero3_reference(trainer, ref_policy, args: VerlConfig) -> ReferencePolicy:
     """The KL reference under ZeRO-3: the starting policy loaded again (partitioned as it loads) and wrapped in
     a DeepSpeed inference engine, so it is sharded like the actor."""
@@ -305,7 +212,7 @@ def zero3_reference(trainer, ref_policy, args: VerlConfig) -> ReferencePolicy:
     else:
         raise ValueError("under ZeRO-3 the KL reference is loaded from a path: pass ref_policy='<id or path>' "
                          "(the policy has no path to reload its starting weights from).")
-    engine = deepspeed_inference(trainer, model)
+    engine = deepspeed_inference(trainer.accelerator, model)
     role = ReferencePolicy(engine.module, temperature=args.temperature)
     role.engine = engine  # keeps DeepSpeed's hooks and buffers alive
     return role
@@ -318,7 +225,7 @@ def place_reward_models(trainer, reward_funcs) -> None:
         if not isinstance(func, RewardModel):
             continue
         if zero_stage(trainer) == 3:
-            func.engine = deepspeed_inference(trainer, func.model)
+            func.engine = deepspeed_inference(trainer.accelerator, func.model)
             func.model = func.engine.module
         else:
             func.model.to(trainer.args.device)

@@ -1,15 +1,16 @@
 """Algorithm core of verl_hf: pure tensor-in/tensor-out RL math, no model or trainer code.
 
-Advantage estimators (GRPO, Dr.GRPO, RLOO, GAE, ReMax) turn per-token rewards and prompt
-group ids into per-token advantages; policy losses (PPO clip with DAPO
+Advantage estimators (GRPO, Dr.GRPO, RLOO, GAE, ReMax, ...) turn per-token rewards and prompt
+group ids into per-token advantages (group statistics in ``groups``); policy losses (PPO clip with DAPO
 clip-higher and dual-clip, REINFORCE, GSPO, SAPO, CISPO, GPG, Clip-Cov, KL-Cov, GMPO) turn log-probs and advantages into a
-scalar loss plus float metrics, reduced by ``agg_loss`` whose whole-step
+scalar loss plus float metrics, reduced by ``agg_loss`` with a ``LossNorm`` whose whole-step
 normalisers make micro-batch gradient accumulation exact; ``kl_penalty``
 gives per-token KL(pi || pi_ref) estimates (k1/k2/k3/abs and straight-through
 '+' variants); ``utils`` holds NaN-safe masked reductions and memory-light
 logit helpers.  Estimators and losses live in name registries so a config
 string selects them and users add their own with ``@register_advantage`` /
-``@register_policy_loss``.
+``@register_policy_loss``; ``advantage_spec`` / ``policy_loss_spec`` say what each needs
+(values, groups, a greedy baseline; hyper-parameters and their defaults).
 
 See it work: tests/test_algorithms.py
 """
@@ -17,11 +18,16 @@ See it work: tests/test_algorithms.py
 from .registry import (
     ADVANTAGE_ESTIMATORS,
     POLICY_LOSSES,
+    AdvantageSpec,
+    PolicyLossSpec,
+    advantage_spec,
     get_advantage_estimator,
     get_policy_loss,
+    policy_loss_spec,
     register_advantage,
     register_policy_loss,
 )
+from .groups import GroupStats, group_all_equal, group_stats
 from .utils import (
     entropy_from_logits,
     logprobs_from_logits,
@@ -32,8 +38,18 @@ from .utils import (
     place_outcome_rewards,
 )
 from .kl import KL_KINDS, kl_penalty
-from .losses import LOSS_AGG_MODES, agg_loss, ppo_clip_loss, reinforce_loss, value_loss
-from .advantages import gae_advantages, grpo_advantages, remax_advantages, rloo_advantages
+from .losses import (
+    LOSS_AGG_MODES,
+    ClippedSurrogate,
+    LossNorm,
+    agg_loss,
+    clipped_surrogate,
+    ppo_clip_loss,
+    reinforce_loss,
+    sequence_count,
+    value_loss,
+)
+from .advantages import SINGLETON_ADVANTAGES, gae_advantages, grpo_advantages, remax_advantages, rloo_advantages
 from . import policy_losses  # noqa: F401  (registers gspo, sapo, cispo, gpg, clip_cov, kl_cov, geo_mean)
 from .rollout_correction import IS_LEVELS, IS_MODES, rollout_is_weights
 from .lagrangian import lagrange_multiplier_step, lagrangian_advantages, unsafe_rate
@@ -46,6 +62,18 @@ __all__ = [
     "register_policy_loss",
     "get_advantage_estimator",
     "get_policy_loss",
+    "AdvantageSpec",
+    "PolicyLossSpec",
+    "advantage_spec",
+    "policy_loss_spec",
+    "GroupStats",
+    "group_stats",
+    "group_all_equal",
+    "LossNorm",
+    "sequence_count",
+    "ClippedSurrogate",
+    "clipped_surrogate",
+    "SINGLETON_ADVANTAGES",
     "kl_penalty",
     "KL_KINDS",
     "agg_loss",

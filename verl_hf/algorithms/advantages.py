@@ -1,40 +1,40 @@
-"""Outcome-reward advantage estimators with group baselines (GRPO, Dr.GRPO, RLOO).
+"""Outcome-reward advantage estimators with group baselines (GRPO, Dr.GRPO, RLOO, OPO, GPG, ...), GAE, ReMax.
 
 Each estimator maps ``token_level_rewards (B, T)``, ``response_mask (B, T)`` and
 ``group_ids (B,)`` (samples sharing an id answer the same prompt; any integers,
-in any order) to ``(advantages (B, T), returns (B, T))``.  Group statistics are
-vectorised with ``torch.unique(return_inverse=True)`` + ``index_add_``; there is
-no Python loop over samples.
+in any order) to ``(advantages (B, T), returns (B, T))``.  Group statistics come from
+``groups.py`` (vectorised, no Python loop over samples).  Each registration says what the
+estimator needs (values, groups, a greedy baseline) and its display name.
 
-See it work: tests/test_algorithms.py
+A group of one sample (``singleton_advantage``): as verl 0.9.1, the default ``"score"`` gives it
+baseline 0 (and std 1), so its advantage is its score; ``"zero"`` gives it 0 (no baseline, no
+learning signal).
+
+See it work: tests/test_algorithms.py, tests/test_advantages_more.py, tests/test_registry.py
 """
 
 from typing import Tuple
 
 import torch
 
+from .groups import group_all_equal, group_index, group_stats, group_sum
 from .registry import register_advantage
 
-
-def _group_index(group_ids: torch.Tensor) -> Tuple[torch.Tensor, int]:
-    """Dense group index per sample.  group_ids (B,) any ints -> (inverse (B,) in [0, G), G)."""
-    uniq, inverse = torch.unique(group_ids, return_inverse=True)
-    return inverse, uniq.numel()
+SINGLETON_ADVANTAGES = ("score", "zero")
 
 
-def _group_sum(values: torch.Tensor, inverse: torch.Tensor, num_groups: int) -> torch.Tensor:
-    """Sum of values over each sample's group, gathered back per sample.  (B,) -> (B,)."""
-    return values.new_zeros(num_groups).index_add(0, inverse, values)[inverse]
+def _singleton_rule(singleton_advantage: str) -> bool:
+    """True when a one-sample group keeps its score as advantage ("score", verl), False for "zero"."""
+    if singleton_advantage not in SINGLETON_ADVANTAGES:
+        raise ValueError(f"singleton_advantage={singleton_advantage!r} is unknown; valid: "
+                         f"{', '.join(SINGLETON_ADVANTAGES)}.")
+    return singleton_advantage == "score"
 
 
-def _group_all_equal(scores: torch.Tensor, inverse: torch.Tensor, num_groups: int) -> torch.Tensor:
-    """Whether every score in the sample's group is identical.  (B,) -> (B,) bool."""
-    # Tested as max == min rather than (score - mean) == 0: the mean of equal floats is not always
-    # bit-exact (0.1 + 0.1 + 0.1) / 3 != 0.1, which would leak tiny nonzero advantages.
-    zeros = scores.new_zeros(num_groups)
-    gmax = zeros.scatter_reduce(0, inverse, scores, "amax", include_self=False)
-    gmin = zeros.scatter_reduce(0, inverse, scores, "amin", include_self=False)
-    return (gmax == gmin)[inverse]
+def _no_signal(scores: torch.Tensor, group_ids: torch.Tensor, count: torch.Tensor, keep_singletons: bool):
+    """Rows whose advantage is forced to exactly 0: all-equal groups, and singletons under "zero".  (B,) bool."""
+    singleton = count < 2
+    return torch.where(singleton, not keep_singletons, group_all_equal(scores, group_ids))
 
 
 def _scores(token_level_rewards: torch.Tensor) -> torch.Tensor:
@@ -51,7 +51,7 @@ def _broadcast(adv: torch.Tensor, token_level_rewards: torch.Tensor, response_ma
     return advantages, advantages.clone()
 
 
-@register_advantage("grpo")
+@register_advantage("grpo", display_name="GRPO", display_name_no_std="Dr.GRPO", needs_groups=True)
 def grpo_advantages(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -59,47 +59,46 @@ def grpo_advantages(
     *,
     norm_by_std: bool = True,
     epsilon: float = 1e-6,
+    singleton_advantage: str = "score",
     **unused,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """GRPO group-normalised outcome advantage.  (B, T), (B, T), (B,) -> (advantages (B, T), returns (B, T)).
 
     Formula: A_i = (s_i - mean_g(s)) / (std_g(s) + epsilon), s_i = sum_t r_it, std unbiased (Shao et al. 2024,
     DeepSeekMath); norm_by_std=False: A_i = s_i - mean_g(s) (Dr.GRPO, Liu et al. 2025).
+    A singleton group uses mean 0 and std 1 (verl), so A_i = s_i / (1 + epsilon); ``singleton_advantage="zero"``: 0.
     """
+    keep_singletons = _singleton_rule(singleton_advantage)
     scores = _scores(token_level_rewards)
-    inverse, num_groups = _group_index(group_ids)
-    count = _group_sum(torch.ones_like(scores), inverse, num_groups)
-    dev = scores - _group_sum(scores, inverse, num_groups) / count
+    stats = group_stats(scores, group_ids)
+    verl_singleton = (stats.count < 2) & keep_singletons
+    dev = scores - torch.where(verl_singleton, 0.0, stats.mean)
     if norm_by_std:
-        # Unbiased (n - 1) std, as torch.std in verl / TRL; clamp keeps singletons finite (masked below).
-        std = (_group_sum(dev.square(), inverse, num_groups) / (count - 1).clamp(min=1)).sqrt()
-        dev = dev / (std + epsilon)
-    # Deviation from verl: a singleton group has no baseline; verl uses mean 0 / std 1 and so feeds the
-    # raw score as advantage.  We give it 0 (no learning signal) -- use group size > 1 to learn.
-    no_signal = (count < 2) | _group_all_equal(scores, inverse, num_groups)
-    adv = torch.where(no_signal, torch.zeros_like(dev), dev)
+        dev = dev / (torch.where(verl_singleton, 1.0, stats.std) + epsilon)
+    adv = torch.where(_no_signal(scores, group_ids, stats.count, keep_singletons), torch.zeros_like(dev), dev)
     return _broadcast(adv, token_level_rewards, response_mask)
 
 
-@register_advantage("rloo")
+@register_advantage("rloo", display_name="RLOO", needs_groups=True)
 def rloo_advantages(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     group_ids: torch.Tensor,
+    *,
+    singleton_advantage: str = "score",
     **unused,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """RLOO leave-one-out baseline.  (B, T), (B, T), (B,) -> (advantages (B, T), returns (B, T)).
 
     Formula: A_i = s_i - (sum_{j in g, j != i} s_j) / (n_g - 1), s_i = sum_t r_it (Ahmadian et al. 2024).
+    A singleton has no other sample: A_i = s_i (verl's ``rloo``); ``singleton_advantage="zero"``: 0.
     """
+    keep_singletons = _singleton_rule(singleton_advantage)
     scores = _scores(token_level_rewards)
-    inverse, num_groups = _group_index(group_ids)
-    count = _group_sum(torch.ones_like(scores), inverse, num_groups)
-    total = _group_sum(scores, inverse, num_groups)
-    adv = scores - (total - scores) / (count - 1).clamp(min=1)
-    # A singleton group has no other sample to form a baseline: advantage 0.
-    no_signal = (count < 2) | _group_all_equal(scores, inverse, num_groups)
-    adv = torch.where(no_signal, torch.zeros_like(adv), adv)
+    stats = group_stats(scores, group_ids)
+    # For a singleton the leave-one-out sum is 0, so this is already s_i there.
+    adv = scores - (stats.total - scores) / (stats.count - 1).clamp(min=1)
+    adv = torch.where(_no_signal(scores, group_ids, stats.count, keep_singletons), torch.zeros_like(adv), adv)
     return _broadcast(adv, token_level_rewards, response_mask)
 
 
@@ -109,7 +108,7 @@ def _reverse_cumsum(token_level_rewards: torch.Tensor, response_mask: torch.Tens
     return masked.flip(-1).cumsum(-1).flip(-1)
 
 
-@register_advantage("gae")
+@register_advantage("gae", display_name="PPO", needs_values=True)
 def gae_advantages(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -146,7 +145,7 @@ def gae_advantages(
     return advantages, returns
 
 
-@register_advantage("remax")
+@register_advantage("remax", display_name="ReMax", needs_greedy_baseline=True, one_sample_per_prompt=True)
 def remax_advantages(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -187,7 +186,7 @@ def _discounted_return(token_level_rewards: torch.Tensor, response_mask: torch.T
     return returns
 
 
-@register_advantage("reinforce_plus_plus")
+@register_advantage("reinforce_plus_plus", display_name="REINFORCE++", one_sample_per_prompt=True)
 def reinforce_plus_plus_advantages(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -202,10 +201,10 @@ def reinforce_plus_plus_advantages(
     from .utils import masked_whiten
 
     # The paper's per-token KL penalty is not added here: the trainer folds it into token_level_rewards
-    # (use_kl_in_reward).  Rewards at masked positions are dropped.  Deviation from verl: verl zeroes the
-    # running return at every masked position ("reset after EOS"), the same for right-padded rows but, for
-    # a masked hole inside a response (tool output), it cuts earlier tokens off the final reward; we carry
-    # the return through the hole (as _reverse_cumsum does), discounting by position distance t' - t.
+    # (use_kl_in_reward).  Rewards at masked positions are dropped, and the return is carried through a
+    # masked hole inside a response (tool output), as verl 0.9.1 does.  Deviation from verl: we discount by
+    # position distance t' - t, verl by the number of valid tokens in between (it does not discount across
+    # the hole); the same for gamma = 1 and for responses without holes.
     mask = response_mask.to(_float_dtype(token_level_rewards))
     returns = _discounted_return(token_level_rewards, mask, gamma) * mask
     # Global batch normalisation, no group baseline; masked_whiten gives 0 for an empty mask.
@@ -214,28 +213,29 @@ def reinforce_plus_plus_advantages(
     return advantages.to(out), returns.to(out)
 
 
-@register_advantage("reinforce_plus_plus_baseline")
+@register_advantage("reinforce_plus_plus_baseline", display_name="REINFORCE++ (baseline)", needs_groups=True)
 def reinforce_plus_plus_baseline_advantages(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     group_ids: torch.Tensor,
+    *,
+    singleton_advantage: str = "score",
     **unused,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ with group baseline (Hu 2025, arXiv:2501.03262; verl ``reinforce_plus_plus_baseline``).
 
     Shapes: (B, T), (B, T), (B,) -> (advantages (B, T), returns (B, T)).
     Formula: A_it = whiten_batch(s_i - mean_g(s)) over all valid tokens of the batch, s_i = sum_t r_it.
+    A singleton uses mean 0 (verl): s_i before whitening; ``singleton_advantage="zero"``: 0 before whitening.
     """
     from .utils import masked_whiten
 
+    keep_singletons = _singleton_rule(singleton_advantage)
     scores = _scores(token_level_rewards)
-    inverse, num_groups = _group_index(group_ids)
-    count = _group_sum(torch.ones_like(scores), inverse, num_groups)
-    dev = scores - _group_sum(scores, inverse, num_groups) / count
-    # Deviation from verl: a singleton group has no baseline; verl uses mean 0 (raw score).  We give it 0
-    # before whitening, as grpo/rloo do.  All-equal groups are forced to exactly 0 (see _group_all_equal).
-    no_signal = (count < 2) | _group_all_equal(scores, inverse, num_groups)
-    dev = torch.where(no_signal, torch.zeros_like(dev), dev)
+    stats = group_stats(scores, group_ids)
+    dev = scores - torch.where((stats.count < 2) & keep_singletons, 0.0, stats.mean)
+    # All-equal groups are forced to exactly 0 before whitening (see group_all_equal).
+    dev = torch.where(_no_signal(scores, group_ids, stats.count, keep_singletons), torch.zeros_like(dev), dev)
     mask = response_mask.to(scores.dtype)
     # As in verl, whitening shifts the token-weighted mean to 0, so a zero-signal row becomes -mean/std.
     advantages = masked_whiten(dev.unsqueeze(-1) * mask, mask) * mask
@@ -243,7 +243,7 @@ def reinforce_plus_plus_baseline_advantages(
     return advantages, advantages.clone()
 
 
-@register_advantage("grpo_passk")
+@register_advantage("grpo_passk", display_name="GRPO (pass@k)", needs_groups=True)
 def grpo_passk_advantages(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -259,8 +259,9 @@ def grpo_passk_advantages(
     Formula: A_i = [i = first argmax_g(s)] (max_g(s) - second_max_g(s)) / (std_g(s) + epsilon), std unbiased; else 0.
     """
     scores = _scores(token_level_rewards)
-    inverse, num_groups = _group_index(group_ids)
-    count = _group_sum(torch.ones_like(scores), inverse, num_groups)
+    inverse, num_groups = group_index(group_ids)
+    stats = group_stats(scores, group_ids)
+    count = stats.count
     zeros = scores.new_zeros(num_groups)
     best = zeros.scatter_reduce(0, inverse, scores, "amax", include_self=False)[inverse]
     # Ties for the best: only the lowest index is "the best"; the tied copy is then the second best, so A = 0.
@@ -271,63 +272,71 @@ def grpo_passk_advantages(
     others = torch.where(is_best, torch.full_like(scores, float("-inf")), scores)
     second = zeros.scatter_reduce(0, inverse, others, "amax", include_self=False)[inverse]
     # A singleton has no second best (-inf): use best, so the gap is 0 and no inf is ever formed.
-    # Deviation from verl: verl raises on a singleton group; we give it 0 (no learning signal).
+    # Deviation from verl: verl raises on a singleton group; we give it 0 (no learning signal) whatever
+    # singleton_advantage says -- pass@k has no "best of one" to reward.
     second = torch.where(count < 2, best, second)
     adv = best - second
     if norm_by_std:
-        mean = _group_sum(scores, inverse, num_groups) / count
-        std = (_group_sum((scores - mean).square(), inverse, num_groups) / (count - 1).clamp(min=1)).sqrt()
+        std = stats.std
         # A zero gap (singleton, tie, all-equal group) may have std 0: divide by 1 there, no 0/0 at epsilon=0.
         adv = adv / torch.where(adv > 0, std + epsilon, torch.ones_like(std))
     adv = torch.where(is_best, adv, torch.zeros_like(adv))
     return _broadcast(adv, token_level_rewards, response_mask)
 
 
-@register_advantage("opo")
+@register_advantage("opo", display_name="OPO", needs_groups=True)
 def opo_advantages(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     group_ids: torch.Tensor,
+    *,
+    singleton_advantage: str = "score",
     **unused,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """OPO: on-policy RL with the optimal (length-weighted) reward baseline (Hao et al. 2025, arXiv:2505.23585).
 
     Shapes: (B, T), (B, T), (B,) -> (advantages (B, T), returns (B, T)).
     Formula: A_i = s_i - b_g, b_g = sum_{j in g} |o_j| s_j / sum_{j in g} |o_j|, |o_j| = sum_t m_jt, s_i = sum_t r_it.
+    A singleton uses b = 0 (verl): A_i = s_i; ``singleton_advantage="zero"``: 0.
     """
+    keep_singletons = _singleton_rule(singleton_advantage)
     scores = _scores(token_level_rewards)
-    inverse, num_groups = _group_index(group_ids)
-    count = _group_sum(torch.ones_like(scores), inverse, num_groups)
+    inverse, num_groups = group_index(group_ids)
+    count = group_sum(torch.ones_like(scores), inverse, num_groups)
     length = response_mask.to(scores.dtype).sum(-1)
     # clamp: a group of only empty responses has weight 0 (its rows are masked out anyway); avoid 0/0.
-    baseline = _group_sum(length * scores, inverse, num_groups) / _group_sum(length, inverse, num_groups).clamp(min=1)
-    adv = scores - baseline
-    # Deviation from verl: verl uses baseline 0 for a singleton (advantage = raw score); we give it 0, as grpo.
+    baseline = group_sum(length * scores, inverse, num_groups) / group_sum(length, inverse, num_groups).clamp(min=1)
+    adv = scores - torch.where((count < 2) & keep_singletons, 0.0, baseline)
     # All-equal groups are forced to exactly 0: the weighted mean of equal floats is not always bit-exact.
-    no_signal = (count < 2) | _group_all_equal(scores, inverse, num_groups)
-    adv = torch.where(no_signal, torch.zeros_like(adv), adv)
+    adv = torch.where(_no_signal(scores, group_ids, count, keep_singletons), torch.zeros_like(adv), adv)
     return _broadcast(adv, token_level_rewards, response_mask)
 
 
-@register_advantage("gpg")
+@register_advantage("gpg", display_name="GPG", needs_groups=True)
 def gpg_advantages(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     group_ids: torch.Tensor,
+    *,
+    singleton_advantage: str = "score",
     **unused,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """GPG: group policy gradient (Chu et al. 2025, "GPG: A Simple and Strong RL Baseline", arXiv:2504.02546).
 
     Shapes: (B, T), (B, T), (B,) -> (advantages (B, T), returns (B, T)).
-    Formula: A_i = alpha (s_i - mean_g(s)), alpha = B / (B - M), M = #samples in groups whose scores are all equal.
+    Formula: A_i = alpha (s_i - mean_g(s)), alpha = B / (B - M), M = #samples whose advantage carries no signal.
+    A singleton uses mean 0 (verl): A_i = alpha s_i; ``singleton_advantage="zero"``: 0 (and it counts in M).
     """
+    keep_singletons = _singleton_rule(singleton_advantage)
     scores = _scores(token_level_rewards)
-    inverse, num_groups = _group_index(group_ids)
-    count = _group_sum(torch.ones_like(scores), inverse, num_groups)
-    dev = scores - _group_sum(scores, inverse, num_groups) / count
-    # A singleton (no baseline; verl gives it the raw score) and an all-equal group carry no gradient: they are
-    # the paper's "invalid" samples M, and alpha scales the rest up so the batch mean gradient is not diluted.
-    valid = (count >= 2) & ~_group_all_equal(scores, inverse, num_groups)
+    stats = group_stats(scores, group_ids)
+    singleton = stats.count < 2
+    dev = scores - torch.where(singleton & keep_singletons, 0.0, stats.mean)
+    # All-equal groups carry no gradient: they are the paper's "invalid" samples M, and alpha scales the rest up
+    # so the batch mean gradient is not diluted.  A singleton is valid under "score" when its score is nonzero
+    # and it has a response token: a row the trainer masked out (unscored) must not change alpha.
+    valid_singleton = keep_singletons & (scores != 0) & response_mask.bool().any(-1)
+    valid = torch.where(singleton, valid_singleton, ~group_all_equal(scores, group_ids))
     # Deviation from verl: verl's alpha = B / count_nonzero(scores) counts non-zero rewards, which equals the
     # paper's B / (B - M) only in special cases; we follow the paper.  Paper's F_norm is 1 here (verl default
     # f_norm=1): norm_by_std is ignored on purpose, so the trainer's GRPO flag does not turn GPG into GRPO.

@@ -1,13 +1,18 @@
 """Loss aggregation and policy-gradient losses (PPO clip with clip-higher and dual-clip, REINFORCE).
 
-``agg_loss`` takes optional whole-step normalisers (``num_tokens``, ``num_seqs``)
-so that the sum of micro-batch losses equals the full-batch loss: gradient
-accumulation then gives exactly the full-batch gradient.
+``LossNorm`` is the loss normaliser of one optimizer step: the aggregation mode and the step's token count,
+sequence count and constant.  ``agg_loss`` reduces a per-token loss with it, so that the sum of micro-batch
+losses equals the full-batch loss: gradient accumulation then gives exactly the full-batch gradient.
+``clipped_surrogate`` is PPO's clipped objective shared by every loss that clips a ratio.
 
-See it work: tests/test_algorithms.py
+See it work: tests/test_algorithms.py, tests/test_registry.py
 """
 
-from typing import Dict, Optional, Tuple
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Dict, NamedTuple, Optional, Tuple, Union
 
 import torch
 
@@ -17,59 +22,131 @@ from .utils import masked_mean, masked_sum
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
+@dataclass(frozen=True)
+class LossNorm:
+    """How a per-token loss becomes a scalar, with the whole optimizer step's normalisers.
+
+    mode: one of LOSS_AGG_MODES; num_tokens / num_seqs: the step's valid-token / sequence counts (None: this
+    batch's); constant: L of seq-mean-token-sum-norm (None: the batch's T); count_empty_rows: when num_seqs is
+    None, also count rows without a valid token (verl 0.9.1 leaves them out, our default).
+    """
+
+    mode: str = "token-mean"
+    num_tokens: Optional[float] = None
+    num_seqs: Optional[float] = None
+    constant: Optional[float] = None
+    count_empty_rows: bool = False
+
+    def __post_init__(self):
+        if self.mode not in LOSS_AGG_MODES:
+            raise ValueError(f"unknown loss_agg_mode {self.mode!r}; valid: {', '.join(LOSS_AGG_MODES)}")
+
+    @classmethod
+    def of(cls, norm: Union["LossNorm", str, None]) -> "LossNorm":
+        """A LossNorm as is, a mode string as LossNorm(mode), None as LossNorm()."""
+        if norm is None:
+            return cls()
+        return norm if isinstance(norm, LossNorm) else cls(norm)
+
+
+def _as_norm(norm, loss_agg_mode=None, num_tokens=None, num_seqs=None, norm_constant=None) -> LossNorm:
+    """LossNorm from the new argument and the pre-LossNorm keywords (those given override its fields)."""
+    norm = LossNorm.of(norm)
+    legacy = {"mode": loss_agg_mode, "num_tokens": num_tokens, "num_seqs": num_seqs, "constant": norm_constant}
+    legacy = {k: v for k, v in legacy.items() if v is not None}
+    return dataclasses.replace(norm, **legacy) if legacy else norm
+
+
+def sequence_count(loss_mask: torch.Tensor, count_empty_rows: bool = False) -> torch.Tensor:
+    """Sequences a seq-mean divides by when no step count is given.  (B, T) -> () float.
+
+    Formula: #rows with at least one valid token (verl 0.9.1); B with ``count_empty_rows``.
+    """
+    if count_empty_rows:
+        return torch.tensor(float(loss_mask.shape[0]), device=loss_mask.device)
+    return loss_mask.bool().any(-1).sum().float()
+
+
 def agg_loss(
     loss_mat: torch.Tensor,
     loss_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
+    norm: Union[LossNorm, str] = "token-mean",
     *,
+    loss_agg_mode: Optional[str] = None,
     num_tokens=None,
     num_seqs=None,
     norm_constant: Optional[float] = None,
 ) -> torch.Tensor:
-    """Reduce a per-token loss to a scalar.  loss_mat, loss_mask (B, T) -> ().
+    """Reduce a per-token loss to a scalar.  loss_mat, loss_mask (B, T), norm: LossNorm or mode -> ().
 
     token-mean: sum(l m)/N_tok; seq-mean-token-sum: sum_i sum_t l m / N_seq; seq-mean-token-mean:
-    sum_i mean_t(l | m) / N_seq; seq-mean-token-sum-norm: sum(l m)/(N_seq L), L = norm_constant or T
-    (Dr.GRPO, Liu et al. 2025).  N_tok/N_seq default to this batch; pass whole-step values for micro-batches.
+    sum_i mean_t(l | m) / N_seq; seq-mean-token-sum-norm: sum(l m)/(N_seq L), L = norm.constant or T
+    (Dr.GRPO, Liu et al. 2025).  N_tok/N_seq default to this batch (N_seq: rows with a valid token, see
+    ``sequence_count``); pass whole-step values in the LossNorm for micro-batches.  The keywords
+    loss_agg_mode / num_tokens / num_seqs / norm_constant are the pre-LossNorm spelling, kept working.
     """
-    if loss_agg_mode not in LOSS_AGG_MODES:
-        raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; valid: {', '.join(LOSS_AGG_MODES)}")
+    norm = _as_norm(norm, loss_agg_mode, num_tokens, num_seqs, norm_constant)
 
-    def _denom(n, default):
-        n = default if n is None else n
+    def _denom(n):
         # clamp(min=1): an empty batch (all-zero mask) yields loss 0, never 0/0.
         return torch.as_tensor(n, dtype=loss_mat.dtype, device=loss_mat.device).clamp(min=1)
 
-    n_seqs = _denom(num_seqs, loss_mat.shape[0])
-    if loss_agg_mode == "token-mean":
-        return masked_sum(loss_mat, loss_mask) / _denom(num_tokens, loss_mask.bool().sum())
-    if loss_agg_mode == "seq-mean-token-sum":
+    if norm.mode == "token-mean":
+        n_tok = loss_mask.bool().sum() if norm.num_tokens is None else norm.num_tokens
+        return masked_sum(loss_mat, loss_mask) / _denom(n_tok)
+    n_seqs = _denom(sequence_count(loss_mask, norm.count_empty_rows) if norm.num_seqs is None else norm.num_seqs)
+    if norm.mode == "seq-mean-token-sum":
         return masked_sum(loss_mat, loss_mask) / n_seqs
-    if loss_agg_mode == "seq-mean-token-mean":
-        # A sequence with no valid token contributes 0 (masked_mean of an empty row) but still
-        # counts in N_seq, so micro-batch sums stay exact.
+    if norm.mode == "seq-mean-token-mean":
+        # A sequence with no valid token contributes 0 (masked_mean of an empty row).
         return masked_mean(loss_mat, loss_mask, dim=-1).sum() / n_seqs
-    # seq-mean-token-sum-norm.  Deviation from verl, which divides by L only: we also divide by N_seq,
-    # i.e. Dr.GRPO's sum / (B * L), so the scale does not grow with the batch size.
-    length = norm_constant if norm_constant is not None else loss_mat.shape[-1]
-    return masked_sum(loss_mat, loss_mask) / (n_seqs * _denom(length, 1))
+    # seq-mean-token-sum-norm: Dr.GRPO's sum / (N_seq * L), as verl 0.9.1 (global batch size, then / L).
+    length = norm.constant if norm.constant is not None else loss_mat.shape[-1]
+    return masked_sum(loss_mat, loss_mask) / (n_seqs * _denom(length))
 
 
-@register_policy_loss("vanilla")
+class ClippedSurrogate(NamedTuple):
+    """PPO's clipped objective per token, all (B, T): the loss, where the ratio clip binds, where dual-clip binds."""
+
+    loss: torch.Tensor
+    clipped: torch.Tensor
+    dual_clipped: torch.Tensor
+
+
+def clipped_surrogate(advantages: torch.Tensor, ratio: torch.Tensor, clip_ratio_low: float, clip_ratio_high: float,
+                      clip_ratio_c: Optional[float] = None) -> ClippedSurrogate:
+    """PPO clipped surrogate, optionally dual-clipped.  advantages, ratio (B, T) -> ClippedSurrogate of (B, T).
+
+    Formula: l = max(-A r, -A clip(r, 1-eps_low, 1+eps_high)), then l = min(l, -A c) where A < 0 (with c).
+    Schulman et al. 2017 (PPO); Yu et al. 2025 (DAPO clip-higher); Ye et al. 2020 (dual-clip).
+    """
+    pg_unclipped = -advantages * ratio
+    pg_clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    pg_max = torch.maximum(pg_unclipped, pg_clipped)
+    clipped = pg_clipped > pg_unclipped
+    if clip_ratio_c is None:
+        return ClippedSurrogate(pg_max, clipped, torch.zeros_like(clipped))
+    # Dual-clip only for A < 0: there a huge ratio makes -A r unbounded above.
+    pg_dual = -advantages * clip_ratio_c
+    negative = advantages < 0
+    loss = torch.where(negative, torch.minimum(pg_max, pg_dual), pg_max)
+    return ClippedSurrogate(loss, clipped, negative & (pg_max > pg_dual))
+
+
+_DEFAULT_NORM = LossNorm()
+
+
+@register_policy_loss("vanilla", hyperparameters={"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0})
 def ppo_clip_loss(
     old_logprobs: torch.Tensor,
     logprobs: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
+    norm: Union[LossNorm, str] = _DEFAULT_NORM,
     *,
-    loss_agg_mode: str = "token-mean",
     clip_ratio_low: float = 0.2,
     clip_ratio_high: float = 0.2,
     clip_ratio_c: float = 3.0,
-    num_tokens=None,
-    num_seqs=None,
-    norm_constant: Optional[float] = None,
-    **unused,
 ) -> Tuple[torch.Tensor, Dict[str, float]]:
     """PPO clipped surrogate with clip-higher and dual-clip.  all inputs (B, T) -> (scalar loss, metrics).
 
@@ -83,37 +160,25 @@ def ppo_clip_loss(
     # Tokens beyond +-20 are far outside the trust region anyway, so their clipped value is what matters.
     log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
     ratio = log_ratio.exp()
-    pg_unclipped = -advantages * ratio
-    pg_clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    pg_max = torch.maximum(pg_unclipped, pg_clipped)
-    # Dual-clip only for A < 0: there a huge ratio makes -A r unbounded above.
-    pg_dual = -advantages * clip_ratio_c
-    negative = advantages < 0
-    loss_mat = torch.where(negative, torch.minimum(pg_max, pg_dual), pg_max)
-    loss = agg_loss(loss_mat, response_mask, loss_agg_mode,
-                    num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=norm_constant)
+    pg = clipped_surrogate(advantages, ratio, clip_ratio_low, clip_ratio_high, clip_ratio_c)
+    loss = agg_loss(pg.loss, response_mask, norm)
     with torch.no_grad():
         metrics = {
-            "clip_frac": masked_mean((pg_clipped > pg_unclipped).float(), response_mask).item(),
-            "clip_frac_lower": masked_mean((negative & (pg_max > pg_dual)).float(), response_mask).item(),
+            "clip_frac": masked_mean(pg.clipped.float(), response_mask).item(),
+            "clip_frac_lower": masked_mean(pg.dual_clipped.float(), response_mask).item(),
             "ppo_kl": masked_mean(0.5 * log_ratio.square(), response_mask).item(),
             "ratio_mean": masked_mean(ratio, response_mask).item(),
         }
     return loss, metrics
 
 
-@register_policy_loss("reinforce")
+@register_policy_loss("reinforce", hyperparameters={}, uses_old_logprobs=False)
 def reinforce_loss(
     old_logprobs: Optional[torch.Tensor],
     logprobs: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    *,
-    loss_agg_mode: str = "token-mean",
-    num_tokens=None,
-    num_seqs=None,
-    norm_constant: Optional[float] = None,
-    **unused,
+    norm: Union[LossNorm, str] = _DEFAULT_NORM,
 ) -> Tuple[torch.Tensor, Dict[str, float]]:
     """Plain on-policy policy gradient (Williams 1992, REINFORCE).  (B, T) inputs -> (scalar loss, {}).
 
@@ -121,9 +186,7 @@ def reinforce_loss(
     """
     # torch.where, not a product with the mask: padding may hold -inf log-probs, and 0 * inf is NaN.
     loss_mat = torch.where(response_mask.bool(), -advantages * logprobs, torch.zeros_like(logprobs))
-    loss = agg_loss(loss_mat, response_mask, loss_agg_mode,
-                    num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=norm_constant)
-    return loss, {}
+    return agg_loss(loss_mat, response_mask, norm), {}
 
 
 def value_loss(
@@ -133,20 +196,22 @@ def value_loss(
     response_mask: torch.Tensor,
     *,
     cliprange_value: float = 0.2,
-    loss_agg_mode: str = "token-mean",
+    norm: Union[LossNorm, str] = _DEFAULT_NORM,
+    loss_agg_mode: Optional[str] = None,
     num_tokens=None,
     num_seqs=None,
     norm_constant: Optional[float] = None,
 ) -> Tuple[torch.Tensor, Dict[str, float]]:
     """Clipped value loss (PPO2 baselines; Ouyang et al. 2022).  (B, T) x4 -> (scalar loss, metrics).
 
-    Formula: l_t = 0.5 max((V_t - R_t)^2, (clip(V_t, V_old - c, V_old + c) - R_t)^2).
+    Formula: l_t = 0.5 max((V_t - R_t)^2, (clip(V_t, V_old - c, V_old + c) - R_t)^2), reduced by ``norm``
+    (loss_agg_mode / num_tokens / num_seqs / norm_constant: the pre-LossNorm keywords, kept working).
     """
+    norm = _as_norm(norm, loss_agg_mode, num_tokens, num_seqs, norm_constant)
     clipped = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
     unclipped_loss, clipped_loss = (values - returns).square(), (clipped - returns).square()
     loss_mat = 0.5 * torch.maximum(unclipped_loss, clipped_loss)
-    loss = agg_loss(loss_mat, response_mask, loss_agg_mode,
-                    num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=norm_constant)
+    loss = agg_loss(loss_mat, response_mask, norm)
     with torch.no_grad():
         metrics = {"vf_clip_frac": masked_mean((clipped_loss > unclipped_loss).float(), response_mask).item(),
                    "vpred_mean": masked_mean(values, response_mask).item()}

@@ -1,20 +1,21 @@
 """More policy losses: GSPO, SAPO, CISPO, GPG, Clip-Cov, KL-Cov and GMPO (``geo_mean``).
 
-Importing this module registers each loss under its name in ``POLICY_LOSSES``.  All share the
-signature of ``ppo_clip_loss``: (old_logprobs, logprobs, advantages, response_mask, *,
-loss_agg_mode, num_tokens, num_seqs, norm_constant, <own scalars>, **unused) -> (loss, metrics),
-inputs (B, T), loss a scalar, metrics python floats.  Token losses go through ``agg_loss`` with the
-whole-step normalisers so gradient accumulation stays exact.  Definitions follow the papers and
-verl's ``verl/trainer/ppo/core_algos.py``; deviations are marked in the code.
+Importing this module registers each loss under its name in ``POLICY_LOSSES``, with its hyper-parameters
+and their defaults.  All share the signature of ``ppo_clip_loss``: (old_logprobs, logprobs, advantages,
+response_mask, norm: LossNorm, *, <own hyper-parameters>) -> (loss, metrics), inputs (B, T), loss a scalar,
+metrics python floats.  Token losses go through ``agg_loss`` with the whole-step ``LossNorm`` so gradient
+accumulation stays exact.  Definitions follow the papers and verl 0.9.1's ``verl/trainer/ppo/core_algos.py``;
+deviations are marked in the code.
 
 See it work: tests/test_policy_losses.py
 """
 
-from typing import Dict, Optional, Tuple
+import dataclasses
+from typing import Dict, Optional, Tuple, Union
 
 import torch
 
-from .losses import reinforce_loss, LOSS_AGG_MODES, agg_loss
+from .losses import _DEFAULT_NORM, LossNorm, agg_loss, clipped_surrogate, reinforce_loss
 from .registry import register_policy_loss
 from .utils import masked_mean
 
@@ -56,20 +57,16 @@ def _check_fraction(name: str, v: float) -> None:
         raise ValueError(f"{name} must be in (0, 1], got {v}")
 
 
-@register_policy_loss("gspo")
+@register_policy_loss("gspo", hyperparameters={"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4})
 def gspo_loss(
     old_logprobs: torch.Tensor,
     logprobs: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
+    norm: Union[LossNorm, str] = _DEFAULT_NORM,
     *,
-    loss_agg_mode: str = "token-mean",
-    num_tokens=None,
-    num_seqs=None,
-    norm_constant: Optional[float] = None,
     clip_ratio_low: float = 3e-4,
     clip_ratio_high: float = 4e-4,
-    **unused,
 ) -> Tuple[torch.Tensor, Dict[str, float]]:
     """Group Sequence Policy Optimization (Zheng et al. 2025, arXiv:2507.18071).  (B, T) x4 -> (loss, metrics).
 
@@ -77,8 +74,8 @@ def gspo_loss(
 
     s_t equals the sequence ratio s_i in value, but its gradient is s_i * grad logp_t (the paper's
     GSPO-token form), so clipping acts on whole sequences.  Defaults 3e-4 / 4e-4 are the paper's
-    clipping ranges.  The paper (and verl, which forces it) aggregates with seq-mean-token-mean; we
-    honour ``loss_agg_mode`` so pass "seq-mean-token-mean" to match the paper.
+    clipping ranges.  The paper aggregates with seq-mean-token-mean; like verl 0.9.1 we honour
+    ``norm.mode`` (default token-mean), so pass "seq-mean-token-mean" to match the paper.
     Metrics: clip_frac (tokens in clipped sequences), ppo_kl, seq_ratio_mean.
     """
     _check_nonneg(clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
@@ -91,35 +88,29 @@ def gspo_loss(
     # logp - sg[logp] is exactly 0 in value (on padding forced to 0: inf - inf would be nan).
     token_term = _where_valid(logprobs - logprobs.detach(), response_mask)
     ratio = torch.exp(seq_log_ratio.detach().unsqueeze(-1) + token_term)
-    pg_unclipped = -advantages * ratio
-    pg_clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    loss_mat = torch.maximum(pg_unclipped, pg_clipped)
-    loss = agg_loss(loss_mat, response_mask, loss_agg_mode,
-                    num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=norm_constant)
+    pg = clipped_surrogate(advantages, ratio, clip_ratio_low, clip_ratio_high)
+    loss = agg_loss(pg.loss, response_mask, norm)
     with torch.no_grad():
         nonempty = mask.any(-1)
         metrics = {
-            "clip_frac": _frac(pg_clipped > pg_unclipped, response_mask),
+            "clip_frac": _frac(pg.clipped, response_mask),
             "ppo_kl": _ppo_kl(log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO), response_mask),
             "seq_ratio_mean": masked_mean(seq_log_ratio.exp(), nonempty).item(),
         }
     return loss, metrics
 
 
-@register_policy_loss("sapo")
+@register_policy_loss("sapo", hyperparameters={"tau_pos": 1.0, "tau_neg": 1.05, "follow_loss_agg_mode": False})
 def sapo_loss(
     old_logprobs: torch.Tensor,
     logprobs: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
+    norm: Union[LossNorm, str] = _DEFAULT_NORM,
     *,
-    loss_agg_mode: str = "token-mean",
-    num_tokens=None,
-    num_seqs=None,
-    norm_constant: Optional[float] = None,
     tau_pos: float = 1.0,
     tau_neg: float = 1.05,
-    **unused,
+    follow_loss_agg_mode: bool = False,
 ) -> Tuple[torch.Tensor, Dict[str, float]]:
     """Soft Adaptive Policy Optimization (Gao et al. 2025, Qwen, arXiv:2511.20347).  (B, T) x4 -> (loss, metrics).
 
@@ -128,8 +119,9 @@ def sapo_loss(
     A smooth gate instead of a hard clip: d l / d logp = -A r 4 sigma (1 - sigma), which is exactly
     the policy gradient -A grad logp at r = 1 and decays smoothly as r leaves 1 (faster for A < 0,
     since tau_neg > tau_pos).  Defaults 1.0 / 1.05 are the paper's and verl's.  As in verl, A = 0
-    takes tau_neg (its loss is 0 either way).  The paper (and verl, which forces it) aggregates with
-    seq-mean-token-mean; we honour ``loss_agg_mode``.
+    takes tau_neg (its loss is 0 either way).  As the paper and verl 0.9.1, the loss is aggregated with
+    seq-mean-token-mean whatever ``norm.mode`` says (the norm's counts are kept);
+    ``follow_loss_agg_mode=True`` honours ``norm.mode`` instead.
     Metrics: ppo_kl, ratio_mean, gate_grad_mean (mean of 4 sigma (1 - sigma), 1 when on-policy).
     """
     if not (tau_pos > 0 and tau_neg > 0):
@@ -139,8 +131,10 @@ def sapo_loss(
     tau = torch.where(advantages > 0, tau_pos, tau_neg).to(ratio.dtype)
     sig = torch.sigmoid(tau * (ratio - 1.0))
     loss_mat = -advantages * sig * (4.0 / tau)
-    loss = agg_loss(loss_mat, response_mask, loss_agg_mode,
-                    num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=norm_constant)
+    norm = LossNorm.of(norm)
+    if not follow_loss_agg_mode:
+        norm = dataclasses.replace(norm, mode="seq-mean-token-mean")
+    loss = agg_loss(loss_mat, response_mask, norm)
     with torch.no_grad():
         metrics = {
             "ppo_kl": _ppo_kl(log_ratio, response_mask),
@@ -150,20 +144,16 @@ def sapo_loss(
     return loss, metrics
 
 
-@register_policy_loss("cispo")
+@register_policy_loss("cispo", hyperparameters={"clip_ratio_low": 0.2, "clip_ratio_high": 0.2})
 def cispo_loss(
     old_logprobs: torch.Tensor,
     logprobs: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
+    norm: Union[LossNorm, str] = _DEFAULT_NORM,
     *,
-    loss_agg_mode: str = "token-mean",
-    num_tokens=None,
-    num_seqs=None,
-    norm_constant: Optional[float] = None,
     clip_ratio_low: float = 0.2,
     clip_ratio_high: float = 0.2,
-    **unused,
 ) -> Tuple[torch.Tensor, Dict[str, float]]:
     """Clipped IS-weight Policy Optimization (MiniMax-M1, MiniMax 2025, arXiv:2506.13585).  (B, T) x4 -> (loss, metrics).
 
@@ -179,8 +169,7 @@ def cispo_loss(
     ratio = log_ratio.exp()
     weight = ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high).detach()
     loss_mat = -weight * advantages * _where_valid(logprobs, response_mask)
-    loss = agg_loss(loss_mat, response_mask, loss_agg_mode,
-                    num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=norm_constant)
+    loss = agg_loss(loss_mat, response_mask, norm)
     with torch.no_grad():
         clipped = (ratio < 1.0 - clip_ratio_low) | (ratio > 1.0 + clip_ratio_high)
         metrics = {
@@ -191,18 +180,13 @@ def cispo_loss(
     return loss, metrics
 
 
-@register_policy_loss("gpg")
+@register_policy_loss("gpg", hyperparameters={}, uses_old_logprobs=False)
 def gpg_loss(
     old_logprobs: Optional[torch.Tensor],
     logprobs: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    *,
-    loss_agg_mode: str = "token-mean",
-    num_tokens=None,
-    num_seqs=None,
-    norm_constant: Optional[float] = None,
-    **unused,
+    norm: Union[LossNorm, str] = _DEFAULT_NORM,
 ) -> Tuple[torch.Tensor, Dict[str, float]]:
     """Group Policy Gradient loss (Chu et al. 2025, arXiv:2504.02546).  (B, T) inputs -> (loss, metrics).
 
@@ -212,8 +196,7 @@ def gpg_loss(
     groups) live in its advantage estimator, not here.  ``old_logprobs`` may be None; when given,
     ``ppo_kl`` is reported (verl returns no metrics).
     """
-    loss, metrics = reinforce_loss(old_logprobs, logprobs, advantages, response_mask, loss_agg_mode=loss_agg_mode,
-                                   num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=norm_constant)
+    loss, metrics = reinforce_loss(old_logprobs, logprobs, advantages, response_mask, norm)
     if old_logprobs is not None:
         with torch.no_grad():
             metrics["ppo_kl"] = _ppo_kl(_log_ratio(logprobs, old_logprobs, response_mask), response_mask)
@@ -230,17 +213,26 @@ def _centered_cov(advantages: torch.Tensor, logprobs: torch.Tensor, mask: torch.
     return _where_valid(cov, mask)
 
 
-@register_policy_loss("clip_cov")
+def _random_subset(candidates: torch.Tensor, n: int, generator: Optional[torch.Generator]) -> torch.Tensor:
+    """min(n, #candidates) of the candidate positions, drawn uniformly.  (B, T) bool -> (B, T) bool."""
+    flat_idx = candidates.flatten().nonzero().squeeze(-1)
+    gen_device = generator.device if generator is not None else "cpu"
+    perm = torch.randperm(flat_idx.numel(), generator=generator, device=gen_device).to(flat_idx.device)
+    chosen = torch.zeros(candidates.numel(), dtype=torch.bool, device=candidates.device)
+    chosen[flat_idx[perm[:n]]] = True
+    return chosen.view_as(candidates)
+
+
+@register_policy_loss("clip_cov", hyperparameters={
+    "clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0, "clip_cov_ratio": 2e-4, "clip_cov_lb": 1.0,
+    "clip_cov_ub": 5.0, "generator": None})
 def clip_cov_loss(
     old_logprobs: torch.Tensor,
     logprobs: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
+    norm: Union[LossNorm, str] = _DEFAULT_NORM,
     *,
-    loss_agg_mode: str = "token-mean",
-    num_tokens=None,
-    num_seqs=None,
-    norm_constant: Optional[float] = None,
     clip_ratio_low: float = 0.2,
     clip_ratio_high: float = 0.2,
     clip_ratio_c: float = 3.0,
@@ -248,7 +240,6 @@ def clip_cov_loss(
     clip_cov_lb: float = 1.0,
     clip_cov_ub: float = 5.0,
     generator: Optional[torch.Generator] = None,
-    **unused,
 ) -> Tuple[torch.Tensor, Dict[str, float]]:
     """Clip-Cov (Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs).  (B, T) x4 -> (loss, metrics).
 
@@ -258,9 +249,10 @@ def clip_cov_loss(
     token-mean denominator (as in verl).  Like verl we select at least one token even when
     clip_cov_ratio * N < 1 (N = valid tokens of this call), so a small micro-batch detaches one
     token rather than none; selection and the covariance means are per call (per micro-batch), also
-    as in verl.  ``generator`` makes the random subset reproducible.  Deviation from verl: the base
-    loss is this package's ``vanilla`` (with dual-clip ``clip_ratio_c`` for A < 0), and tokens
-    already clipped by either bound are not candidates, since they carry no gradient to detach.
+    as in verl.  ``generator`` makes the random subset reproducible.  As in verl, tokens already clipped
+    by either ratio bound are not candidates (they carry no gradient to detach).  Deviation from verl
+    0.9.1: the base loss is this package's ``vanilla``, with dual-clip ``clip_ratio_c`` for A < 0 (verl's
+    clip_cov has none), and dual-clipped tokens are not candidates either.
     Metrics: clip_frac, clip_frac_lower (dual-clip), cov_clip_frac (detached share), ppo_kl, ratio_mean.
     """
     _check_nonneg(clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
@@ -270,31 +262,15 @@ def clip_cov_loss(
     mask = response_mask.bool()
     log_ratio = _log_ratio(logprobs, old_logprobs, response_mask)
     ratio = log_ratio.exp()
-    pg_unclipped = -advantages * ratio
-    pg_clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    pg_max = torch.maximum(pg_unclipped, pg_clipped)
-    pg_dual = -advantages * clip_ratio_c
-    negative = advantages < 0
-    dual_active = negative & (pg_max > pg_dual)
-    vanilla = torch.where(dual_active, pg_dual, pg_max)
+    vanilla, clipped, dual_active = clipped_surrogate(advantages, ratio, clip_ratio_low, clip_ratio_high, clip_ratio_c)
 
     with torch.no_grad():
         cov = _centered_cov(advantages, logprobs, response_mask)
-        clipped = pg_clipped > pg_unclipped
         candidates = mask & ~clipped & ~dual_active & (cov > clip_cov_lb) & (cov < clip_cov_ub)
-        n_valid = int(mask.sum().item())
-        n_detach = max(int(clip_cov_ratio * n_valid), 1)
-        flat_idx = candidates.flatten().nonzero().squeeze(-1)
-        gen_device = generator.device if generator is not None else "cpu"
-        perm = torch.randperm(flat_idx.numel(), generator=generator, device=gen_device).to(flat_idx.device)
-        chosen = flat_idx[perm[:n_detach]]
-        detach = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
-        detach[chosen] = True
-        detach = detach.view_as(mask)
+        detach = _random_subset(candidates, max(int(clip_cov_ratio * int(mask.sum().item())), 1), generator)
 
     loss_mat = _where_valid(vanilla, ~detach)
-    loss = agg_loss(loss_mat, response_mask, loss_agg_mode,
-                    num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=norm_constant)
+    loss = agg_loss(loss_mat, response_mask, norm)
     with torch.no_grad():
         metrics = {
             "clip_frac": _frac(clipped, response_mask),
@@ -306,20 +282,16 @@ def clip_cov_loss(
     return loss, metrics
 
 
-@register_policy_loss("kl_cov")
+@register_policy_loss("kl_cov", hyperparameters={"kl_cov_ratio": 2e-4, "kl_cov_coef": 1.0})
 def kl_cov_loss(
     old_logprobs: torch.Tensor,
     logprobs: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
+    norm: Union[LossNorm, str] = _DEFAULT_NORM,
     *,
-    loss_agg_mode: str = "token-mean",
-    num_tokens=None,
-    num_seqs=None,
-    norm_constant: Optional[float] = None,
     kl_cov_ratio: float = 2e-4,
     kl_cov_coef: float = 1.0,
-    **unused,
 ) -> Tuple[torch.Tensor, Dict[str, float]]:
     """KL-Cov (Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs).  (B, T) x4 -> (loss, metrics).
 
@@ -349,8 +321,7 @@ def kl_cov_loss(
         penalise[torch.topk(scores, k).indices] = True
         penalise = penalise.view_as(mask)
     loss_mat = torch.where(penalise, pg + kl_cov_coef * log_ratio.abs(), pg)
-    loss = agg_loss(loss_mat, response_mask, loss_agg_mode,
-                    num_tokens=num_tokens, num_seqs=num_seqs, norm_constant=norm_constant)
+    loss = agg_loss(loss_mat, response_mask, norm)
     with torch.no_grad():
         metrics = {
             "kl_cov_frac": _frac(penalise, response_mask),
@@ -361,54 +332,60 @@ def kl_cov_loss(
     return loss, metrics
 
 
-@register_policy_loss("geo_mean")
+GEO_MEAN_CLIP_DIRECTIONS = ("token", "sequence")
+
+
+@register_policy_loss("geo_mean", hyperparameters={"clip_ratio_low": 0.4, "clip_ratio_high": 0.4,
+                                                   "clip_direction": "token"})
 def geo_mean_loss(
     old_logprobs: torch.Tensor,
     logprobs: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
+    norm: Union[LossNorm, str] = _DEFAULT_NORM,
     *,
-    loss_agg_mode: str = "token-mean",
-    num_tokens=None,
-    num_seqs=None,
-    norm_constant: Optional[float] = None,
     clip_ratio_low: float = 0.4,
     clip_ratio_high: float = 0.4,
-    **unused,
+    clip_direction: str = "token",
 ) -> Tuple[torch.Tensor, Dict[str, float]]:
     """Geometric-Mean Policy Optimization, GMPO (Zhao et al. 2025, arXiv:2507.20673).  (B, T) x4 -> (loss, metrics).
 
-    Formula: l_i = -A_i exp(mean_t c_t), c_t = (min if A_i > 0 else max)(lr_t, clip(lr_t, -eps_low, eps_high)), lr_t = logp_t - old_t.
+    Formula: l_i = -A_i exp(mean_t c_t), c_t = sgn(A_t) min(sgn(A_t) lr_t, sgn(A_t) clip(lr_t, -eps_low, eps_high)), lr_t = logp_t - old_t.
 
     A_i = masked mean of A_t (GMPO uses sequence-level advantages).  The per-sequence geometric
     mean of token ratios, clipped token-wise in log space (the paper's range (e^-0.4, e^0.4) gives
     the defaults) and pessimistically: a bound only binds in the direction that would raise the
-    objective.  Aggregation: loss = sum_i l_i / N_seq with N_seq = ``num_seqs`` or B -- a plain mean
-    over sequences as in the paper and verl, exact under gradient accumulation; ``loss_agg_mode``
-    is validated but ignored (there are no token losses to reduce).  Sequences without valid tokens
-    give l_i = 0 but count in N_seq.  Deviation from verl: the clip direction follows the sign of
-    the sequence advantage A_i (verl: each token's A_t); identical for outcome advantages such as
-    GRPO's, and consistent with the per-sequence objective otherwise.
+    objective -- min for A > 0, max for A < 0.  ``clip_direction="token"`` (verl 0.9.1) takes that sign
+    from each token's A_t, so a token with A_t = 0 has c_t = 0; ``"sequence"`` takes it from A_i (min if
+    A_i > 0, else max).  The two agree for outcome advantages such as GRPO's.  Aggregation: loss = sum_i
+    l_i / N_seq, N_seq = ``norm.num_seqs`` or the rows with a valid token (all rows with
+    ``norm.count_empty_rows``; rows without one give l_i = 0) -- a plain mean over sequences as in the
+    paper and verl, exact under gradient accumulation; ``norm.mode`` is validated but ignored (there are
+    no token losses to reduce).
     Metrics: clip_frac (a log-ratio bound was active), ppo_kl, seq_ratio_mean.
     """
-    if loss_agg_mode not in LOSS_AGG_MODES:
-        raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; valid: {', '.join(LOSS_AGG_MODES)}")
+    if clip_direction not in GEO_MEAN_CLIP_DIRECTIONS:
+        raise ValueError(f"clip_direction={clip_direction!r} is unknown; valid: {', '.join(GEO_MEAN_CLIP_DIRECTIONS)}")
+    norm = LossNorm.of(norm)
     _check_nonneg(clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
     mask = response_mask.bool()
     log_ratio = _log_ratio(logprobs, old_logprobs, response_mask)
     seq_adv = masked_mean(advantages, response_mask, dim=-1)  # (B,) sequence-level advantage
     bounded = log_ratio.clamp(-clip_ratio_low, clip_ratio_high)
-    positive = (seq_adv > 0).unsqueeze(-1)
-    clipped_log = torch.where(positive, torch.minimum(log_ratio, bounded), torch.maximum(log_ratio, bounded))
+    if clip_direction == "token":
+        sign = _where_valid(torch.sign(advantages), response_mask).to(log_ratio.dtype)
+    else:
+        sign = torch.where(seq_adv > 0, 1.0, -1.0).to(log_ratio.dtype).unsqueeze(-1).expand_as(log_ratio)
+    clipped_log = sign * torch.minimum(sign * log_ratio, sign * bounded)
     seq_log_ratio = masked_mean(clipped_log, response_mask, dim=-1)  # (B,), 0 for empty rows
     seq_ratio = seq_log_ratio.exp()
     seq_loss = -seq_adv * seq_ratio
     # agg_loss on a (B, 1) matrix: seq-mean-token-sum is sum_i l_i / N_seq with the shared normaliser.
-    loss = agg_loss(seq_loss.unsqueeze(-1), torch.ones_like(seq_loss, dtype=torch.bool).unsqueeze(-1),
-                    "seq-mean-token-sum", num_seqs=num_seqs)
+    seq_norm = LossNorm("seq-mean-token-sum", num_seqs=norm.num_seqs, count_empty_rows=norm.count_empty_rows)
+    loss = agg_loss(seq_loss.unsqueeze(-1), mask.any(-1, keepdim=True), seq_norm)
     with torch.no_grad():
         metrics = {
-            "clip_frac": _frac(clipped_log != log_ratio, response_mask),
+            "clip_frac": _frac((clipped_log != log_ratio) & (sign != 0), response_mask),
             "ppo_kl": _ppo_kl(log_ratio, response_mask),
             "seq_ratio_mean": masked_mean(seq_ratio, mask.any(-1)).item(),
         }

@@ -17,8 +17,8 @@ import torch
 
 from ..algorithms import entropy_from_logits, logprobs_from_logits
 from ..batch import RolloutBatch
-from ..rollout import HFGenerateEngine, SamplingConfig
-from ..sync.gather import is_zero3
+from ..distributed import is_zero3
+from ..rollout import HFSharedEngine, RolloutEngine, SamplingConfig, eos_token_ids
 from .base import TrainableRole, score_in_chunks
 
 
@@ -54,38 +54,33 @@ def disable_dropout(model) -> None:
             module.p = 0.0
 
 
-def eos_token_ids(model, tokenizer) -> list[int]:
-    """Every token that ends a response: the tokenizer's EOS and the model's generation_config EOS ids."""
-    ids = {tokenizer.eos_token_id}
-    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids.update(config_eos if isinstance(config_eos, list) else [config_eos])
-    return sorted(i for i in ids if i is not None)
-
-
 class Actor(TrainableRole):
     from transformers import AutoModelForCausalLM as auto_class
 
-    def __init__(self, model, tokenizer=None, engine=None, temperature: float = 1.0, learning_rate: float = 1e-5,
-                 max_grad_norm: float | None = 1.0, weight_sync=None):
-        """`engine`: the rollout engine (default: HF generate on `model` itself). An engine with its own
-        weights (`engine.receives_weights`) is refreshed by `weight_sync` before the first generation and after
-        every `step()` (default `WeightSync()`; from process 0 alone for an engine `shared_by_processes`)."""
+    def __init__(self, model, tokenizer=None, engine: RolloutEngine | None = None, temperature: float = 1.0,
+                 learning_rate: float = 1e-5, max_grad_norm: float | None = 1.0, weight_sync=None):
+        """`engine`: the rollout engine (default: `HFSharedEngine`, HF generate on `model` itself). An engine
+        with its own weights (`engine.receives_weights`) is refreshed by `weight_sync` before the first generation
+        and after every `step()` (default `WeightSync()`; from process 0 alone for an engine `shared_by_processes`)."""
         super().__init__(model, tokenizer, learning_rate=learning_rate, max_grad_norm=max_grad_norm)
         if tokenizer is None:
             raise ValueError("Actor needs a tokenizer: Actor(model, tokenizer=...) or Actor.from_pretrained(path).")
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         self.temperature = temperature
-        self.engine = engine or HFGenerateEngine(model, tokenizer.pad_token_id, eos_token_ids(model, tokenizer))
+        self.engine = engine or HFSharedEngine(model, tokenizer.pad_token_id, eos_token_ids(model, tokenizer))
+        if not isinstance(self.engine, RolloutEngine):
+            raise TypeError(f"engine={type(self.engine).__name__} is not a verl_hf.rollout.RolloutEngine: subclass it "
+                            f"(only generate is required; the base class declares the rest with safe defaults).")
         self.weight_sync = None
-        if getattr(self.engine, "receives_weights", False):
+        if self.engine.receives_weights:
             from ..sync import WeightSync
 
             self.weight_sync = weight_sync or WeightSync.for_engine(self.engine)
-        elif getattr(self.engine, "model", None) is not model and is_zero3(model):
+        elif not self.engine.generates_from(model) and is_zero3(model):
             raise ValueError(f"the rollout engine {type(self.engine).__name__} cannot receive weights, and the policy "
                              f"is sharded by DeepSpeed ZeRO-3: it would sample from stale weights. Use an engine "
-                             f"with load_weights (receives_weights=True) or HFGenerateEngine on the policy itself.")
+                             f"with load_weights (receives_weights=True) or HFSharedEngine on the policy itself.")
         self._engine_stale = self.weight_sync is not None
         disable_dropout(model)
 

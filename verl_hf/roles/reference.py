@@ -31,6 +31,8 @@ class ReferencePolicy(Role):
         if (model is None) == (adapter_model is None):
             raise ValueError("ReferencePolicy takes exactly one of model= or adapter_model=.")
         self.adapter_model, self.temperature = adapter_model, temperature
+        self.moved = False  # set by SyncRefModelCallback: checkpoints then carry the moved reference
+        self.engine = None  # a DeepSpeed inference engine holding the model under ZeRO-3
         if model is not None:
             model.eval()
             model.requires_grad_(False)

@@ -1,6 +1,9 @@
-"""Rollout engines behind one interface (`RolloutEngine`): `make_engine(name, ...)` builds one by name."""
+"""Rollout engines behind one contract (`RolloutEngine`, base.py); `make_rollout_engine` builds the one a
+`VerlConfig` asks for."""
 
 from .base import Rollout, RolloutEngine, SamplingConfig
-from .hf import HFGenerateEngine
+from .factory import eos_token_ids, make_rollout_engine
+from .hf import HFCopyEngine, HFGenerateEngine, HFSharedEngine
 
-__all__ = ["HFGenerateEngine", "Rollout", "RolloutEngine", "SamplingConfig"]
+__all__ = ["HFCopyEngine", "HFGenerateEngine", "HFSharedEngine", "Rollout", "RolloutEngine", "SamplingConfig",
+           "eos_token_ids", "make_rollout_engine"]

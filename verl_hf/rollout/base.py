@@ -1,16 +1,21 @@
-"""The rollout interface every engine implements (HF `generate` now; vLLM next).
+"""The contract every rollout engine implements: `RolloutEngine`, with what it is given and returns.
 
 An engine turns prompt token ids into sampled responses. It returns right-padded responses with a
 `response_mask` that covers each response up to and including its EOS; tokens after EOS, and the padding,
 are masked out. A response that reached `max_new_tokens` without EOS is `truncated`.
+
+Only `generate` must be written; everything else the Actor, the trainer and the weight sync ask of an engine
+is declared on the base class with a default that is right for an engine sampling from the training model
+itself. An engine with its own weights says so (`receives_weights`) and implements the weight methods.
 
 See it work: tests/test_rollout_hf.py.
 """
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
-from typing import Iterable, Protocol
+from typing import Iterable
 
 import torch
 
@@ -46,10 +51,60 @@ class Rollout:
     logprobs: torch.Tensor | None = None
 
 
-class RolloutEngine(Protocol):
-    def generate(self, prompt_ids: list[list[int]], params: SamplingConfig) -> Rollout: ...
+class RolloutEngine(abc.ABC):
+    """A rollout engine. Subclasses implement `generate`; the other members have safe defaults.
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+    The weight sync (verl_hf.sync.WeightSync) calls, on an engine that `receives_weights`:
+    `weight_names()` once, then per sync `prepare_for_weights()`, `load_weights(bucket)` per bucket (tensors
+    cast to `dtype`), `finish_sync()`; `get_weights(names)` only under `sync_verify`. The trainer calls
+    `sleep()` once a round is sampled, before its updates.
+    """
+
+    receives_weights: bool = False
+    """True: the engine keeps its own weights, which the weight sync fills before the first generation and
+    after every update (the Actor then owns a WeightSync). False: it samples from the training model."""
+
+    shared_by_processes: bool = False
+    """True: one engine serves every training process (e.g. a vLLM server); process 0 alone pushes weights."""
+
+    dtype: torch.dtype | None = None
+    """The dtype the sync casts weights to before `load_weights`; None pushes them in the training dtype."""
+
+    @abc.abstractmethod
+    def generate(self, prompt_ids: list[list[int]], params: SamplingConfig) -> Rollout:
+        """Sample `params.num_return_sequences` responses for each prompt (token ids, no padding)."""
+
+    def generates_from(self, model: torch.nn.Module) -> bool:
+        """True when the engine samples from `model`'s own parameters (then nothing can be stale, also under
+        ZeRO-3). Default: False, the engine has weights of its own."""
+        return False
+
+    def weight_names(self) -> list[str]:
+        """The (plain HF) names of every weight the sync must set, each tied weight once."""
+        raise NotImplementedError(self._no_weights("weight_names"))
+
+    def prepare_for_weights(self) -> None:
+        """Called before the first bucket of every sync (e.g. wake a sleeping engine's weights). Default: nothing."""
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy one bucket of (name, full tensor) pairs into the engine; the tensors are valid during the call only."""
+        raise NotImplementedError(self._no_weights("load_weights"))
+
+    def finish_sync(self) -> None:
+        """Called after the last bucket of every sync (e.g. drop caches computed with the old weights).
+        Default: nothing."""
+
+    def get_weights(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """The engine's current tensors under these names, for `sync_verify`'s bitwise check."""
+        raise NotImplementedError(self._no_weights("get_weights") + " (sync_verify needs it; or set sync_verify=False)")
+
+    def sleep(self) -> None:
+        """Free the engine's memory while training updates the weights; the next sync wakes it (an update
+        always changes the weights, so a sync comes before the next generation). Default: nothing to free."""
+
+    def _no_weights(self, method: str) -> str:
+        return (f"{type(self).__name__} has no {method}: an engine with its own weights sets receives_weights = "
+                f"True and implements weight_names, load_weights and get_weights.")
 
 
 def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

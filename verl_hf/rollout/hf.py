@@ -1,14 +1,14 @@
-"""Rollouts with `model.generate` from transformers, in one of two forms:
+"""Rollouts with `model.generate` from transformers, in one of two forms that share one `generate`:
 
-- shared (`HFGenerateEngine(training_model, ...)`): samples from the training model's own weights; nothing to
-  sync. Under ZeRO-3 the whole model is gathered once per `generate` call.
-- inference copy (`HFGenerateEngine.inference_copy(training_model, ...)`): a plain model of the same
-  architecture that the weight sync (verl_hf.sync) fills after each update. It generates without any ZeRO-3
-  hooks or PEFT adapters (LoRA arrives merged), and in its own dtype.
+- `HFSharedEngine(training_model, ...)`: samples from the training model's own weights; nothing to sync.
+  Under ZeRO-3 the whole model is gathered once per `generate` call.
+- `HFCopyEngine.of(training_model, ...)`: a plain model of the same architecture that the weight sync
+  (verl_hf.sync) fills after each update. It generates without any ZeRO-3 hooks or PEFT adapters (LoRA
+  arrives merged), and in its own dtype.
 
 Prompts are left-padded so that every response starts at the same column.
 
-See it work: tests/test_rollout_hf.py.
+See it work: tests/test_rollout_hf.py, tests/test_sync.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import dataclasses
 
 import torch
 
-from .base import Rollout, SamplingConfig, left_pad, mask_after_eos
+from ..distributed import whole_model
+from .base import Rollout, RolloutEngine, SamplingConfig, left_pad, mask_after_eos
 
 
 NEUTRAL_PROCESSORS = dict(repetition_penalty=1.0, encoder_repetition_penalty=1.0, no_repeat_ngram_size=0,
@@ -27,9 +28,11 @@ UNNEUTRALISABLE = ("bad_words_ids", "suppress_tokens", "begin_suppress_tokens", 
                    "forced_eos_token_id")
 
 
-class HFGenerateEngine:
-    def __init__(self, model, pad_token_id: int, eos_token_ids: list[int], receives_weights: bool = False):
-        self.model, self.receives_weights = model, receives_weights
+class HFEngine(RolloutEngine):
+    """`generate` with transformers on `self.model`, the part both HF forms share."""
+
+    def __init__(self, model, pad_token_id: int, eos_token_ids: list[int]):
+        self.model = model
         self.pad_token_id = pad_token_id
         self.eos_token_ids = list(eos_token_ids)
         config = getattr(model, "generation_config", None)
@@ -41,49 +44,12 @@ class HFGenerateEngine:
                           f"and the policy-gradient ratios will be off; clear them (model.generation_config.<name> = None).",
                           stacklevel=2)
 
-    @classmethod
-    def inference_copy(cls, training_model, pad_token_id: int, eos_token_ids: list[int], dtype=None, device=None):
-        """An engine with its own plain copy of `training_model`'s architecture (PEFT and DeepSpeed wrappers
-        ignored), in `dtype` (default: the training weights' dtype). Its weights are zeros until the first sync."""
-        base = training_model.get_base_model() if hasattr(training_model, "get_base_model") else training_model
-        first = next(base.parameters())
-        dtype = dtype or first.dtype
-        from transformers.initialization import no_init_weights
-
-        # The class constructor, not from_config: under an active ZeRO-3 config transformers would partition it.
-        # No random init (the sync overwrites every weight) and no draw from the global RNG, so a run samples
-        # the same with or without a copy.
-        with no_init_weights(), torch.random.fork_rng(devices=[]):
-            model = type(base)(base.config)
-        model.tie_weights()  # init_weights, which ties them, was skipped
-        model.to(device=device or first.device, dtype=dtype)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.zero_()  # touch the memory now: later syncs must not be charged for first-touch page faults
-        model.generation_config = base.generation_config
-        model.eval().requires_grad_(False)
-        return cls(model, pad_token_id, eos_token_ids, receives_weights=True)
-
     @property
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
 
     def weight_names(self) -> list[str]:
         return [name for name, _ in self.model.named_parameters()]
-
-    @torch.no_grad()
-    def load_weights(self, named_tensors) -> None:
-        """Copy (name, tensor) pairs into the inference copy; the shared form has nothing to copy."""
-        if not self.receives_weights:
-            return
-        params = dict(self.model.named_parameters())
-        for name, tensor in named_tensors:
-            if name not in params:
-                raise KeyError(f"the HF engine has no weight {name!r}; its names look like {list(params)[:3]}.")
-            if params[name].shape != tensor.shape:
-                raise ValueError(f"the HF engine's {name!r} has shape {tuple(params[name].shape)}, the training "
-                                 f"weight {tuple(tensor.shape)}: the engine is another architecture or size.")
-            params[name].copy_(tensor)
 
     def get_weights(self, names: list[str]) -> dict[str, torch.Tensor]:
         params = dict(self.model.named_parameters())
@@ -111,7 +77,7 @@ class HFGenerateEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with _whole_model(self.model):
+            with whole_model(self.model):
                 out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
                                           logits_processor=processors or None)
         finally:
@@ -142,12 +108,66 @@ class HFGenerateEngine:
         )
 
 
-def _whole_model(model):
-    """Under DeepSpeed ZeRO-3 gather every parameter once for the whole generate call; otherwise the
-    partitioned layers would be gathered again for every generated token. Elsewhere a no-op."""
-    from ..sync.gather import gathered_params
+class HFSharedEngine(HFEngine):
+    """Samples from the training model itself (`model` is the policy being trained): never stale, nothing to
+    sync, no extra memory."""
 
-    return gathered_params(list(model.parameters()))
+    def generates_from(self, model) -> bool:
+        return model is self.model
+
+    def load_weights(self, named_tensors) -> None:
+        """Nothing to copy: the engine's weights are the training weights."""
+
+    @staticmethod
+    def inference_copy(training_model, pad_token_id: int, eos_token_ids: list[int], dtype=None, device=None):
+        """The former spelling of `HFCopyEngine.of` (when one class had both forms), kept for existing code."""
+        return HFCopyEngine.of(training_model, pad_token_id, eos_token_ids, dtype=dtype, device=device)
+
+
+class HFCopyEngine(HFEngine):
+    """Samples from its own plain model, which the weight sync fills (`receives_weights`), in its own dtype
+    and on its own device. `HFCopyEngine(model, ...)` takes a ready model; `HFCopyEngine.of(policy, ...)`
+    builds one of the policy's architecture."""
+
+    receives_weights = True
+
+    @classmethod
+    def of(cls, training_model, pad_token_id: int, eos_token_ids: list[int], dtype=None, device=None) -> "HFCopyEngine":
+        """An engine with its own plain copy of `training_model`'s architecture (PEFT and DeepSpeed wrappers
+        ignored), in `dtype` (default: the training weights' dtype). Its weights are zeros until the first sync."""
+        base = training_model.get_base_model() if hasattr(training_model, "get_base_model") else training_model
+        first = next(base.parameters())
+        dtype = dtype or first.dtype
+        from transformers.initialization import no_init_weights
+
+        # The class constructor, not from_config: under an active ZeRO-3 config transformers would partition it.
+        # No random init (the sync overwrites every weight) and no draw from the global RNG, so a run samples
+        # the same with or without a copy.
+        with no_init_weights(), torch.random.fork_rng(devices=[]):
+            model = type(base)(base.config)
+        model.tie_weights()  # init_weights, which ties them, was skipped
+        model.to(device=device or first.device, dtype=dtype)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.zero_()  # touch the memory now: later syncs must not be charged for first-touch page faults
+        model.generation_config = base.generation_config
+        model.eval().requires_grad_(False)
+        return cls(model, pad_token_id, eos_token_ids)
+
+    @torch.no_grad()
+    def load_weights(self, named_tensors) -> None:
+        """Copy (name, tensor) pairs into the engine's own model."""
+        params = dict(self.model.named_parameters())
+        for name, tensor in named_tensors:
+            if name not in params:
+                raise KeyError(f"the HF engine has no weight {name!r}; its names look like {list(params)[:3]}.")
+            if params[name].shape != tensor.shape:
+                raise ValueError(f"the HF engine's {name!r} has shape {tuple(params[name].shape)}, the training "
+                                 f"weight {tuple(tensor.shape)}: the engine is another architecture or size.")
+            params[name].copy_(tensor)
+
+
+HFGenerateEngine = HFSharedEngine  # the name before the two forms were split
 
 
 class _SeededSampler:

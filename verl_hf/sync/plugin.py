@@ -12,13 +12,18 @@ See it work: tests/test_sync.py, tests/test_distributed.py, benchmarks/sync.py.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
-from .gather import bucket_tensors, engine_names, gathered, plan_buckets, process_rank, unit_tensors, weight_units
+from ..distributed import process_rank
+from .gather import bucket_tensors, engine_names, gathered, plan_buckets, unit_tensors, weight_units
 from .memory import PeakMemory
 from .names import check_names
 from .push import mismatched_weights, push_bucket
+
+if TYPE_CHECKING:
+    from ..rollout.base import RolloutEngine
 
 
 def _shared_failure(failure: Exception | None, owner_rank: int) -> Exception | None:
@@ -53,16 +58,16 @@ class WeightSync:
         return self.owner_rank is None or self.owner_rank == process_rank()
 
     @classmethod
-    def for_engine(cls, engine, **kwargs) -> "WeightSync":
+    def for_engine(cls, engine: RolloutEngine, **kwargs) -> "WeightSync":
         """An engine shared by all processes (`shared_by_processes`, e.g. one server) is fed by process 0 alone;
         the others only take part in the ZeRO-3 gathers. Otherwise every process feeds its own engine."""
-        return cls(owner_rank=0 if getattr(engine, "shared_by_processes", False) else None, **kwargs)
+        return cls(owner_rank=0 if engine.shared_by_processes else None, **kwargs)
 
     @classmethod
-    def from_config(cls, args, engine) -> "WeightSync":
+    def from_config(cls, args, engine: RolloutEngine) -> "WeightSync":
         return cls.for_engine(engine, bucket_mb=args.sync_bucket_mb, verify=args.sync_verify)
 
-    def sync(self, model: torch.nn.Module, engine) -> dict[str, float]:
+    def sync(self, model: torch.nn.Module, engine: RolloutEngine) -> dict[str, float]:
         """Push every weight of `model` into `engine`; returns `sync/*` metrics."""
         units = weight_units(model)
         buckets, self.bucket_bytes = plan_buckets(units, self.bucket_bytes)
@@ -90,10 +95,10 @@ class WeightSync:
         processes waiting in the next gather: the owner keeps joining every gather and reports at the end."""
         pushed, failure = 0, None
         try:
-            if self.owns_engine and not self._names_checked:
-                check_names(engine_names(units), set(engine.weight_names()))
-                self._names_checked = True
-            if self.owns_engine and hasattr(engine, "prepare_for_weights"):
+            if self.owns_engine:
+                if not self._names_checked:
+                    check_names(engine_names(units), set(engine.weight_names()))
+                    self._names_checked = True
                 engine.prepare_for_weights()
         except Exception as exc:  # noqa: BLE001 - raised by sync() after the collectives
             failure = exc
@@ -104,14 +109,14 @@ class WeightSync:
                         pushed += push_bucket(engine, tensors)
                     except Exception as exc:  # noqa: BLE001
                         failure = exc
-        if self.owns_engine and failure is None and hasattr(engine, "finish_sync"):
+        if self.owns_engine and failure is None:
             try:
                 engine.finish_sync()
             except Exception as exc:  # noqa: BLE001
                 failure = exc
         return pushed, failure
 
-    def check(self, model: torch.nn.Module, engine, buckets=None) -> None:
+    def check(self, model: torch.nn.Module, engine: RolloutEngine, buckets=None) -> None:
         """Compare the engine's weights with the training weights gathered by DeepSpeed's own
         GatheredParameters (independent of the sync's gather), bitwise; raise on any difference."""
         if buckets is None:

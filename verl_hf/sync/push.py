@@ -8,20 +8,25 @@ See it work: tests/test_sync.py.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
+if TYPE_CHECKING:
+    from ..rollout.base import RolloutEngine
 
-def push_bucket(engine, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
+
+def push_bucket(engine: RolloutEngine, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
     """Load one bucket into `engine`; returns the bytes handed over."""
-    dtype = getattr(engine, "dtype", None)
+    dtype = engine.dtype  # None: the training dtype
     cast = [(n, t.to(dtype) if dtype is not None and t.dtype != dtype else t) for n, t in named_tensors]
     engine.load_weights(cast)
     return sum(t.numel() * t.element_size() for _, t in cast)
 
 
-def mismatched_weights(engine, named_tensors: list[tuple[str, torch.Tensor]]) -> list[str]:
+def mismatched_weights(engine: RolloutEngine, named_tensors: list[tuple[str, torch.Tensor]]) -> list[str]:
     """Names whose engine weight differs (bitwise, after the same cast) from the training tensor."""
-    dtype = getattr(engine, "dtype", None)
+    dtype = engine.dtype
     current = engine.get_weights([n for n, _ in named_tensors])
     bad = []
     for name, tensor in named_tensors:

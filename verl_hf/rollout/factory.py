@@ -1,0 +1,97 @@
+"""The one place a rollout engine is built from a `VerlConfig`: `make_rollout_engine(model, tokenizer, args,
+zero_stage=...)` returns the engine that `rollout_engine`, `rollout_hf_weights` and `rollout_dtype` ask for.
+
+Errors that only show once the engine is built (a dtype for an engine without its own weights, a tensor-parallel
+size that does not divide the processes, an unreachable server) are raised here, before any training.
+
+See it work: tests/test_sync.py (HF forms, dtypes), tests/test_rollout_vllm.py, tests/test_rollout_vllm_server.py.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from .base import RolloutEngine
+from .hf import HFCopyEngine, HFSharedEngine
+
+if TYPE_CHECKING:
+    from ..config import VerlConfig
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every token that ends a response: the tokenizer's EOS and the model's generation_config EOS ids."""
+    ids = {tokenizer.eos_token_id}
+    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(config_eos if isinstance(config_eos, list) else [config_eos])
+    return sorted(i for i in ids if i is not None)
+
+
+def make_rollout_engine(model, tokenizer, args: VerlConfig, *, zero_stage: int | None) -> RolloutEngine:
+    """The engine `args.rollout_engine` names, for the training `model` (possibly PEFT- or DeepSpeed-wrapped).
+    `zero_stage`: the run's DeepSpeed ZeRO stage (None without DeepSpeed); 'auto' HF weights copy under 3."""
+    if args.rollout_engine == "vllm":
+        return make_vllm_engine(model, tokenizer, args)
+    if args.rollout_engine == "vllm_server":
+        return make_vllm_server_engine(model, tokenizer, args)
+    return make_hf_engine(model, tokenizer, args, zero_stage=zero_stage)
+
+
+def make_hf_engine(model, tokenizer, args: VerlConfig, *, zero_stage: int | None) -> RolloutEngine:
+    """The HF engine in the form `rollout_hf_weights` asks for ('auto': see VerlConfig)."""
+    form = args.rollout_hf_weights
+    if form == "auto":
+        # Under ZeRO-3 the shared form gathers the whole model for every generate call; sampling from a copy is
+        # about 7x faster (benchmarks/sync.py).
+        form = "copy" if zero_stage == 3 else "shared"
+    eos = eos_token_ids(model, tokenizer)
+    if form == "shared":
+        if args.rollout_dtype != "auto":
+            raise ValueError(f"rollout_dtype={args.rollout_dtype!r} needs an engine with its own weights; set "
+                             f"rollout_hf_weights='copy' (or leave rollout_dtype='auto').")
+        return HFSharedEngine(model, tokenizer.pad_token_id, eos)
+    return HFCopyEngine.of(model, tokenizer.pad_token_id, eos, dtype=rollout_dtype(args, model), device=args.device)
+
+
+def rollout_dtype(args: VerlConfig, model) -> torch.dtype:
+    """The engine's weight dtype: as configured; for 'auto' the mixed-precision dtype when training uses one
+    (the forward passes already compute in it, and the copy takes half the memory), else the weights' own."""
+    if args.rollout_dtype != "auto":
+        return getattr(torch, args.rollout_dtype)
+    if args.bf16:
+        return torch.bfloat16
+    if args.fp16:
+        return torch.float16
+    return next(model.parameters()).dtype
+
+
+def make_vllm_engine(model, tokenizer, args: VerlConfig) -> RolloutEngine:
+    """A colocated vLLM engine for this process, sized from VerlConfig; filled by the weight sync."""
+    from .vllm_engine import VLLMEngine
+
+    tp = args.rollout_tensor_parallel_size
+    if args.world_size % tp:
+        raise ValueError(f"rollout_tensor_parallel_size={tp} must divide the number of processes "
+                         f"({args.world_size}); e.g. {args.world_size} or 1.")
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    kv_mb = args.vllm_kv_cache_mb or (None if torch.cuda.is_available() else 256)
+    dtype = rollout_dtype(args, base)
+    return VLLMEngine(
+        base.config, tokenizer.pad_token_id, eos_token_ids(model, tokenizer), dtype=dtype,
+        seed=args.seed + args.process_index // tp,  # one seed per data-parallel rank, shared inside a TP group
+        max_model_len=args.vllm_max_model_len or args.max_prompt_length + args.max_response_length,
+        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+        kv_cache_memory_bytes=kv_mb * 2**20 if kv_mb else None, tensor_parallel_size=tp,
+        distributed=args.world_size > 1, sleep_level=args.vllm_sleep_level,
+    )
+
+
+def make_vllm_server_engine(model, tokenizer, args: VerlConfig) -> RolloutEngine:
+    """A client of the running vLLM server at vllm_server_url (checked now, before any training)."""
+    from .vllm_server import VLLMServerEngine
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return VLLMServerEngine(args.vllm_server_url, base.config, tokenizer.pad_token_id, eos_token_ids(model, tokenizer),
+                            max_model_len=args.max_prompt_length + args.max_response_length,
+                            timeout_s=args.vllm_server_timeout_s)

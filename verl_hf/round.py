@@ -1,0 +1,299 @@
+"""Prompt rows -> a planned rollout round: every step between the dataloader and the loss.
+
+`RoundBuilder.build` runs the steps in order, each taking the batch and returning it with one more thing
+known: sample -> score (rewards, costs) -> DAPO dynamic sampling -> unscored rows out -> ReMax baselines ->
+reference and behaviour log-probs -> critic values -> advantages -> micro-batches carrying their optimizer
+step's loss normaliser. What the algorithm needs (values, groups, a greedy baseline) is asked of the
+estimator's registry entry; Safe-RLHF's cost side is the `constraint` (safety.py), called at fixed points.
+
+A round samples once and then feeds every micro-step (gradient accumulation and `ppo_epochs`) it covers.
+
+See it work: tests/test_round.py, tests/test_trainer_e2e.py, examples/custom_loop_ppo.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import partial
+
+import torch
+
+from .algorithms import LossNorm, advantage_spec, group_all_equal, kl_penalty, masked_mean, place_outcome_rewards
+from .batch import RolloutBatch, concat_batches
+from .rewards import score_completions
+from .rewards.shaping import overlong_penalty
+from .state import MetricBuffer, RefillStream, RolloutSeeds
+
+
+def sampling_kwargs(args, train: bool) -> dict:
+    """Sampling arguments of `Actor.generate_sequences` for training rollouts or evaluation."""
+    return dict(max_new_tokens=args.max_response_length, temperature=args.temperature, top_p=args.top_p,
+                top_k=args.top_k, num_return_sequences=args.num_generations if train else args.eval_num_generations,
+                do_sample=True if train else args.eval_do_sample, return_logprobs=train and args.rollout_is is not None)
+
+
+class RewardStage:
+    """Holds: the reward functions with their weights, and the shaping settings (overlong penalty)."""
+
+    def __init__(self, reward_funcs: list, reward_weights: list[float], args):
+        self.funcs, self.weights, self.args = reward_funcs, reward_weights, args
+
+    def run(self, batch: RolloutBatch):
+        """The functions' `RewardResult` for a batch."""
+        return score_completions(self.funcs, self.weights, prompts=batch.prompts, completions=batch.completions,
+                                 completion_ids=batch.completion_ids(), columns=batch.columns,
+                                 on_error=self.args.reward_on_error)
+
+    def rewards(self, batch: RolloutBatch):
+        """(rewards (B,) with shaping, the functions' RewardResult, overlong penalty (B,))."""
+        result = self.run(batch)
+        penalty = overlong_penalty(batch.response_mask.sum(dim=1), self.args.max_response_length,
+                                   self.args.overlong_buffer_len, self.args.overlong_penalty_factor)
+        return torch.nan_to_num(result.rewards.to(penalty.device), nan=0.0) + penalty, result, penalty
+
+
+@dataclass(frozen=True)
+class PlannedRound:
+    """A round ready to train: the scored batch with advantages, its micro-batches (every `ppo_epochs` pass),
+    and, when KL rides in the reward, the KL it measured (kl_sum, tokens, samples) for the KL controller."""
+
+    batch: RolloutBatch
+    micro_batches: list
+    kl_in_reward: tuple[float, float, float] | None = None
+
+
+class RoundBuilder:
+    """Holds: the roles a round calls (actor, reference, critic, rewards, constraint), the KL controller it reads,
+    and the two streams a round consumes: dynamic sampling's refill prompts and the per-prompt seeds."""
+
+    def __init__(self, args, actor, rewards: RewardStage, *, ref_policy=None, critic=None, constraint,
+                 kl_controller, metrics: MetricBuffer, train_dataset=None, reduce_sum=lambda t: t):
+        self.args, self.actor, self.rewards = args, actor, rewards
+        self.ref_policy, self.critic, self.constraint, self.kl_controller = ref_policy, critic, constraint, kl_controller
+        self.metrics, self.train_dataset, self.reduce_sum = metrics, train_dataset, reduce_sum
+        self.advantage = advantage_spec(args.adv_estimator)
+        self.refill, self.seeds = RefillStream(), RolloutSeeds()
+
+    def build(self, rows: list[dict], step: int, micro_step: int = 0) -> PlannedRound:
+        """The round for these prompt rows at optimizer step `step` (seeds and lambda's delay read it)."""
+        batch = self.score(self.sample(rows, step))                    # 1-2. sample responses, score them
+        batch = self.keep_informative_groups(batch, step, micro_step)  # 2b. DAPO dynamic sampling
+        batch = self.exclude_unscored(batch)                           # 2c. unscored rows leave the loss
+        batch = self.add_greedy_baselines(batch)                       # 2d. ReMax baselines
+        batch = self.add_reference_logprobs(batch)                     # 3. reference log-probs (kl_coef > 0)
+        batch = self.add_old_logprobs(batch)                           # 3b. behaviour log-probs, when stale
+        batch = self.add_values(batch)                                 # 3c. critic values (PPO)
+        batch, kl_in_reward = self.compute_advantages(batch, step)     # 4. advantages (pure math)
+        return PlannedRound(batch, self.plan_micro_batches(batch), kl_in_reward)
+
+    def sample(self, rows: list[dict], step: int) -> RolloutBatch:
+        seeds = None
+        if self.args.rollout_seed_per_prompt:
+            seeds = self.seeds.for_rows(self.args.seed, step, len(rows), self.args.process_index * len(rows))
+        with self.metrics.timer("rollout") as clock:
+            batch = self.actor.generate_sequences(prompt_ids=[r["prompt_ids"] for r in rows], rows=rows,
+                                                  row_seeds=seeds, **sampling_kwargs(self.args, train=True))
+        lengths = batch.response_mask.sum(dim=1).float()
+        self.metrics.record({
+            "response_length/mean": lengths.mean().item(), "response_length/max": lengths.max().item(),
+            "response_length/truncated_frac": batch.truncated.float().mean().item(),
+            "rollout/tokens_per_s": lengths.sum().item() / max(clock.seconds, 1e-9),
+        })
+        return batch
+
+    def score(self, batch: RolloutBatch) -> RolloutBatch:
+        """Rewards (and, through the constraint, costs); `valid` says which rows some function scored."""
+        with self.metrics.timer("reward"):
+            batch.rewards, result, penalty = self.rewards.rewards(batch)
+        self.metrics.record(result.metrics())
+        device = batch.response_mask.device
+        batch.reward_per_function, batch.valid = result.per_function.to(device), result.valid.to(device)
+        if self.args.overlong_buffer_len:
+            self.metrics.record({"reward/overlong_penalty": penalty.mean().item()})
+        batch = self.constraint.score(batch, self.metrics)
+        if not bool(batch.valid.all()):
+            self.metrics.record({"reward/excluded_frac": 1.0 - batch.valid.float().mean().item()})
+        return batch
+
+    def keep_informative_groups(self, batch: RolloutBatch, step: int, micro_step: int) -> RolloutBatch:
+        """DAPO dynamic sampling (Yu et al. 2025): groups whose rewards are all equal carry no gradient under
+        group baselines, so they are dropped and more prompts are sampled until the round is full again.
+
+        Deviation: refill prompts come from a separate shuffled pass over the train set (the Trainer owns the
+        dataloader). After `dynamic_sampling_max_rounds` extra rounds the round is completed with dropped
+        groups (equal rewards: advantage 0), counted in `dynamic_sampling/filler_groups`, instead of failing.
+        """
+        args = self.args
+        if not args.dynamic_sampling:
+            return batch
+        kept, dropped = split_informative(batch, self.constraint)
+        self.metrics.record({"dynamic_sampling/informative_frac": _num_groups(kept) / max(_num_groups(batch), 1)})
+        extra_rounds = 0
+        while _num_groups(kept) < args.prompts_per_round and extra_rounds < args.dynamic_sampling_max_rounds:
+            more = self.score(self.sample(self._refill_rows(micro_step), step))
+            more, more_dropped = split_informative(more, self.constraint)
+            kept, dropped = self._concat([kept, more]), self._concat([dropped, more_dropped])
+            extra_rounds += 1
+        self.metrics.record({"dynamic_sampling/extra_rounds": extra_rounds})
+        missing = args.prompts_per_round - _num_groups(kept)
+        if missing > 0:
+            self.metrics.record({"dynamic_sampling/filler_groups": missing})
+            kept = self._concat([kept, _first_groups(dropped, missing)])
+        kept = _first_groups(kept, args.prompts_per_round)
+        if len(kept) != args.rollout_generation_batch_size:
+            raise RuntimeError(f"dynamic sampling built a round of {len(kept)} rows, expected "
+                               f"{args.rollout_generation_batch_size}; please report this.")
+        return kept
+
+    def _refill_rows(self, micro_step: int) -> list[dict]:
+        """The next prompts of an independent shuffled stream over the train set (one per process)."""
+        seed = self.args.seed + 7919 * (self.args.process_index + 1) + micro_step
+        taken = self.refill.take(self.args.prompts_per_round, len(self.train_dataset), seed)
+        return [self.train_dataset[i] for i in taken]
+
+    def _concat(self, batches: list[RolloutBatch | None]) -> RolloutBatch | None:
+        batches = [b for b in batches if b is not None and len(b)]
+        return concat_batches(batches, self.actor.tokenizer.pad_token_id) if batches else None
+
+    def exclude_unscored(self, batch: RolloutBatch) -> RolloutBatch:
+        """Rows no reward function scored (or the safety filter dropped; `valid` says which, counted in
+        `reward/excluded_frac` when scored) take no part: no gradient (their response mask becomes 0), and no
+        share in their group's baseline (`advantage_groups`)."""
+        if bool(batch.valid.all()):
+            return batch
+        return replace(batch, response_mask=batch.response_mask * batch.valid.unsqueeze(1).to(batch.response_mask.dtype))
+
+    def add_greedy_baselines(self, batch: RolloutBatch) -> RolloutBatch:
+        """ReMax (Li et al. 2024): the reward of each prompt's greedy response is its baseline."""
+        if not self.advantage.needs_greedy_baseline:
+            return batch
+        firsts = batch.select(_first_index_per_group(batch))
+        rows = [{"prompt": firsts.prompts[i], "prompt_ids": ids[m.bool()].tolist(),
+                 **{k: v[i] for k, v in firsts.columns.items()}}
+                for i, (ids, m) in enumerate(zip(firsts.prompt_ids, firsts.prompt_mask))]
+        with self.metrics.timer("baseline"):
+            greedy = self.actor.generate_sequences(
+                prompt_ids=[r["prompt_ids"] for r in rows], rows=rows,
+                **{**sampling_kwargs(self.args, train=True), "num_return_sequences": 1, "do_sample": False})
+            baseline = self.rewards.rewards(greedy)[0]
+        position = {g: k for k, g in enumerate(firsts.group_ids.tolist())}
+        batch.reward_baselines = baseline[[position[g] for g in batch.group_ids.tolist()]]
+        self.metrics.record({"reward/greedy_baseline": baseline.mean().item()})
+        return batch
+
+    def add_reference_logprobs(self, batch: RolloutBatch) -> RolloutBatch:
+        if self.ref_policy is not None:
+            with self.metrics.timer("ref_logprobs"):
+                batch.ref_logprobs = self.ref_policy.get_logprobs(batch, self.args.per_device_train_batch_size)
+        return batch
+
+    def add_old_logprobs(self, batch: RolloutBatch) -> RolloutBatch:
+        """Behaviour-policy log-probs. One update per round is on-policy: the micro-steps reuse the live
+        log-probs (detached) instead of paying an extra forward pass; several updates, or KL in the reward,
+        need them stored."""
+        args = self.args
+        updates_per_round = args.micro_steps_per_round // args.gradient_accumulation_steps
+        if updates_per_round > 1 or (args.use_kl_in_reward and batch.ref_logprobs is not None):
+            with self.metrics.timer("old_logprobs"):
+                batch.old_logprobs = self.actor.get_logprobs(batch, args.per_device_train_batch_size)
+        return batch
+
+    def add_values(self, batch: RolloutBatch) -> RolloutBatch:
+        if self.critic is not None:
+            with self.metrics.timer("values"):
+                batch.values = self.critic.compute_values(batch, self.args.per_device_train_batch_size)
+                batch = self.constraint.add_values(batch, self.args.per_device_train_batch_size)
+        return batch
+
+    def compute_advantages(self, batch: RolloutBatch, step: int):
+        """(batch with token_level_rewards, advantages, returns; the KL measured in the reward or None)."""
+        args, kl_in_reward = self.args, None
+        with self.metrics.timer("advantage"):
+            mask = batch.response_mask.float()
+            token_rewards = place_outcome_rewards(batch.rewards, mask)
+            if args.use_kl_in_reward and batch.ref_logprobs is not None:
+                kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, args.kl_kind) * mask
+                token_rewards = token_rewards - self.kl_controller.value * kl
+                self.metrics.record({"kl/in_reward": masked_mean(kl, mask).item(), "kl/coef": self.kl_controller.value})
+                kl_in_reward = (float((kl * mask).sum()), float(mask.sum()), float(len(batch)))
+            batch.token_level_rewards = token_rewards
+            estimate = partial(self.estimate, batch)
+            batch.advantages, batch.returns = estimate(token_rewards, batch.values)
+            self.constraint.observe_round(batch, step, self.metrics)
+            batch.advantages, batch.cost_returns = self.constraint.advantages(
+                batch, batch.advantages, token_rewards, estimate, self.metrics)
+        self.metrics.record({"advantages/mean": masked_mean(batch.advantages, mask).item(),
+                             "advantages/abs_mean": masked_mean(batch.advantages.abs(), mask).item()})
+        return batch, kl_in_reward
+
+    def estimate(self, batch: RolloutBatch, token_rewards: torch.Tensor, values) -> tuple:
+        """(advantages, returns) of the configured estimator for these per-token rewards."""
+        args = self.args
+        return self.advantage(
+            token_level_rewards=token_rewards, response_mask=batch.response_mask.float(),
+            group_ids=advantage_groups(batch), values=values, reward_baselines=batch.reward_baselines,
+            gamma=args.gamma, lam=args.lam, norm_by_std=args.norm_adv_by_std_in_grpo,
+            singleton_advantage=args.singleton_group_advantage)
+
+    def plan_micro_batches(self, batch: RolloutBatch) -> list[RolloutBatch]:
+        """Cut the round into micro-batches, each carrying its optimizer step's `LossNorm`, so that the
+        accumulated gradient equals the gradient of the whole step's loss (not a mean of micro-means).
+
+        Under data parallelism the token count is the step's total over all processes, divided by their
+        number: gradients are averaged across processes, so the result is the global token mean (as verl).
+        The sequence count, pooled the same way, leaves out rows with no response token left (unscored rows), as
+        verl does, unless `seq_mean_count_empty_rows`.
+        """
+        args = self.args
+        steps = batch.split(args.per_device_train_batch_size * args.gradient_accumulation_steps)
+        counts = torch.tensor([[float(s.response_mask.sum()), float(self._sequences(s))] for s in steps],
+                              device=args.device)
+        if args.world_size > 1:
+            counts = self.reduce_sum(counts) / args.world_size
+        micro = []
+        for step_batch, (step_tokens, step_seqs) in zip(steps, counts.tolist()):
+            norm = LossNorm(args.loss_agg_mode, num_tokens=max(step_tokens, 1.0), num_seqs=max(step_seqs, 1.0),
+                            constant=args.max_response_length, count_empty_rows=args.seq_mean_count_empty_rows)
+            micro += [replace(mb, loss_norm=norm) for mb in step_batch.split(args.per_device_train_batch_size)]
+        return micro * args.ppo_epochs
+
+    def _sequences(self, step_batch: RolloutBatch) -> int:
+        if self.args.seq_mean_count_empty_rows:
+            return len(step_batch)
+        return int(step_batch.response_mask.any(dim=1).sum())
+
+
+def split_informative(batch: RolloutBatch, constraint):
+    """(informative rows, flat rows) for dynamic sampling: a group whose scored rewards are all equal is flat;
+    the constraint adds its own rule (with Safe-RLHF, a group whose costs differ informs)."""
+    flat = constraint.flat_groups(batch, group_all_equal(batch.rewards, batch.group_ids, batch.valid))
+    return batch.select(~flat), batch.select(flat)
+
+
+def advantage_groups(batch: RolloutBatch) -> torch.Tensor:
+    """Group ids for the estimators: an unscored row becomes a group of its own (its mask is 0, so it gets no
+    gradient) so that it does not shift its prompt's baseline. A prompt left with one scored row is then a
+    group of one, which `singleton_group_advantage` covers (verl's rule by default: its score)."""
+    if batch.valid is None or bool(batch.valid.all()):
+        return batch.group_ids
+    own = -1 - torch.arange(len(batch), device=batch.group_ids.device)
+    return torch.where(batch.valid.to(batch.group_ids.device), batch.group_ids, own)
+
+
+def _num_groups(batch: RolloutBatch | None) -> int:
+    return 0 if batch is None or not len(batch) else int(torch.unique(batch.group_ids).numel())
+
+
+def _first_index_per_group(batch: RolloutBatch) -> list[int]:
+    seen, first = set(), []
+    for i, g in enumerate(batch.group_ids.tolist()):
+        if g not in seen:
+            seen.add(g)
+            first.append(i)
+    return first
+
+
+def _first_groups(batch: RolloutBatch, count: int) -> RolloutBatch:
+    """The rows of the first `count` groups (in order of appearance)."""
+    keep = set(batch.group_ids[_first_index_per_group(batch)[:count]].tolist())
+    return batch.select(torch.tensor([g in keep for g in batch.group_ids.tolist()], dtype=torch.bool))

@@ -1,0 +1,191 @@
+"""The named state of an RL run that lives between training steps, one small object per kind.
+
+Each object says what it holds and owns its `state_dict()` / `load_state_dict()`; `checkpoint.RLCheckpoint`
+saves them by name, so a run killed in the middle of a round resumes exactly.
+
+- `MetricBuffer`: the metric values recorded since the last log, pooled over processes when logged.
+- `KLMeter`: the KL measured since the last KL-controller update (the controller steps once per round).
+- `RoundInProgress`: the planned micro-batches of the round being trained and the position in it.
+- `RefillStream`: dynamic sampling's own shuffled pass over the train set.
+- `RolloutSeeds`: per-prompt sampling seeds (`rollout_seed_per_prompt`), independent of batching.
+
+See it work: tests/test_state.py, tests/test_resume.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class PhaseClock:
+    """The seconds a timed phase took, readable after its `with` block."""
+
+    seconds: float = 0.0
+
+
+class MetricBuffer:
+    """Holds: every metric value recorded since the last log, by name (one list per name)."""
+
+    def __init__(self):
+        self.values: dict[str, list[float]] = defaultdict(list)
+
+    def record(self, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            self.values[key].append(float(value))
+
+    @contextmanager
+    def timer(self, phase: str):
+        """Records `time/<phase>`; yields a `PhaseClock` that holds the seconds once the block ends."""
+        clock, started = PhaseClock(), time.perf_counter()
+        yield clock
+        clock.seconds = time.perf_counter() - started
+        self.record({f"time/{phase}": clock.seconds})
+
+    def pooled_means(self, world_size: int) -> dict[str, float]:
+        """Mean of every recorded metric over all processes (every rank calls this together), then cleared."""
+        local = {k: [sum(v), len(v)] for k, v in self.values.items() if v}
+        self.values.clear()
+        if world_size > 1:
+            from accelerate.utils import gather_object
+
+            pooled: dict[str, list[float]] = {}
+            for part in gather_object([local]):
+                for k, (total, count) in part.items():
+                    pooled.setdefault(k, [0.0, 0])
+                    pooled[k][0] += total
+                    pooled[k][1] += count
+            local = pooled
+        return {k: total / count for k, (total, count) in local.items()}
+
+    def state_dict(self) -> dict:
+        return {"values": dict(self.values)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.values = defaultdict(list, state["values"])
+
+
+class KLMeter:
+    """Holds: this process's KL since the last controller update: the token-weighted KL sum, the token count,
+    and the rows of the round it was measured on (adaptive control counts samples, not ppo_epochs passes)."""
+
+    def __init__(self):
+        self.pending: list[float] | None = None  # [kl_sum, tokens, samples]
+
+    def observe(self, kl_sum: float, tokens: float, samples: float) -> None:
+        """Adds one measurement; the sample count is the round's, kept from its first measurement."""
+        seen = self.pending or [0.0, 0.0, float(samples)]
+        self.pending = [seen[0] + kl_sum, seen[1] + tokens, seen[2]]
+
+    def update_controller(self, controller, kind: str, reduce) -> None:
+        """One controller step from the pending KL, summed over processes by `reduce` (so every rank keeps the
+        same coefficient); the meter starts over. Adaptive control counts samples (Ziegler et al.); PID takes one
+        update as its time step."""
+        seen, self.pending = self.pending, None
+        if seen is None or kind == "fixed":
+            return
+        kl_sum, tokens, samples = reduce(seen)
+        controller.update(kl_sum / max(tokens, 1.0), 1 if kind == "pid" else int(samples))
+
+    def reset(self) -> None:
+        self.pending = None
+
+    def state_dict(self) -> dict:
+        return {"pending": self.pending}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pending = state["pending"]
+
+
+@dataclass
+class RoundInProgress:
+    """Holds: the planned micro-batches of the round being trained (all `ppo_epochs` passes), the micro-steps
+    taken so far in the run, the latest scored round (for CompletionSamplesCallback) and its row count.
+    `needs_position` is set when a run resumes without its round: the position is then recomputed from the
+    Trainer's step and a fresh round is sampled from the prompts the dataloader gives for it."""
+
+    micro_batches: list = field(default_factory=list)
+    micro_step: int = 0
+    last_round: object = None
+    size: int | None = None
+    needs_position: bool = False
+
+    def starts_new(self, micro_steps_per_round: int) -> bool:
+        return self.micro_step % micro_steps_per_round == 0 or not self.micro_batches
+
+    def take_next(self, micro_steps_per_round: int):
+        """The micro-batch of this micro-step; the position moves on."""
+        micro_batch = self.micro_batches[self.micro_step % micro_steps_per_round]
+        self.micro_step += 1
+        return micro_batch
+
+    def last_taken(self, micro_steps_per_round: int):
+        return self.micro_batches[(self.micro_step - 1) % micro_steps_per_round] if self.micro_batches else None
+
+    def place(self, global_step: int, gradient_accumulation_steps: int, micro_steps_per_round: int) -> None:
+        """After a resume without a saved round: continue at the right micro-step of a fresh round (the
+        dataloader repeats a round's prompts once per micro-step, and the Trainer skipped those already trained)."""
+        if self.needs_position:
+            steps = global_step * gradient_accumulation_steps
+            self.micro_step, self.micro_batches = steps % micro_steps_per_round, []
+            self.needs_position = False
+
+    def restart_at_boundary(self, micro_steps_per_round: int) -> None:
+        """Drop the round; the next micro-step starts a fresh one at the next round boundary."""
+        self.micro_batches = []
+        self.micro_step = -(-self.micro_step // micro_steps_per_round) * micro_steps_per_round
+
+    def state_dict(self) -> dict:
+        return {"micro_batches": self.micro_batches, "micro_step": self.micro_step, "last_round": self.last_round,
+                "size": self.size}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.micro_batches, self.micro_step = state["micro_batches"], state["micro_step"]
+        self.last_round, self.size, self.needs_position = state["last_round"], state["size"], False
+
+
+class RefillStream:
+    """Holds: the train-set indices still to come in dynamic sampling's own shuffled pass (one per process; the
+    Trainer owns the main dataloader)."""
+
+    def __init__(self):
+        self.order: list[int] = []
+
+    def take(self, count: int, dataset_size: int, seed: int) -> list[int]:
+        """The next `count` indices; a new shuffled pass (seeded by `seed`) is appended when too few are left."""
+        if len(self.order) < count:
+            self.order += torch.randperm(dataset_size, generator=torch.Generator().manual_seed(seed)).tolist()
+        taken, self.order = self.order[:count], self.order[count:]
+        return taken
+
+    def state_dict(self) -> dict:
+        return {"order": self.order}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.order = state["order"]
+
+
+class RolloutSeeds:
+    """Holds: how many training rollouts the current optimizer step has made (dynamic sampling refills make
+    more than one), so each gets its own seeds."""
+
+    def __init__(self):
+        self.calls: dict[int, int] = {}
+
+    def for_rows(self, seed: int, step: int, count: int, first_row: int) -> list[int]:
+        """A seed per prompt from (seed, step, call of the step, the prompt's place in the global round): the
+        same whatever the number of processes."""
+        calls = self.calls.get(step, 0)
+        self.calls = {step: calls + 1}
+        return [hash((seed, step, calls, first_row + i)) for i in range(count)]
+
+    def state_dict(self) -> dict:
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.calls = state["calls"]

@@ -1,0 +1,102 @@
+"""One micro-batch -> the actor's loss (policy loss, KL term, entropy bonus) and the critics' value losses.
+
+The policy loss is the registry's entry bound to its hyper-parameters (a misspelt `policy_loss_kwargs` key
+fails when the config is built, see `algorithms.policy_loss_spec`), read from the config at every micro-step
+so that a callback may schedule them; the loss gets only tensors and the micro-batch's `LossNorm`, the
+normaliser of its whole optimizer step, so gradient accumulation is exact.
+
+See it work: tests/test_round.py, tests/test_trainer_e2e.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .algorithms import agg_loss, kl_penalty, masked_mean, policy_loss_spec, rollout_is_weights, value_loss
+
+# VerlConfig fields that set a loss's hyper-parameter of the same name (when the loss declares it).
+CLIP_FIELDS = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c")
+
+
+@dataclass(frozen=True)
+class ActorLoss:
+    """The actor's loss of one micro-batch, its metrics, and the KL term's (kl_sum, tokens) for the KL meter
+    (None when KL is not a loss term)."""
+
+    loss: torch.Tensor
+    metrics: dict
+    kl_observed: tuple[float, float] | None = None
+
+
+def bind_policy_loss(args):
+    """The configured policy loss with its hyper-parameters fixed: the clip fields it declares (None: its own
+    default) and `policy_loss_kwargs`."""
+    spec = policy_loss_spec(args.policy_loss)
+    clips = {k: getattr(args, k) for k in CLIP_FIELDS if k in spec.hyperparameters}
+    return spec.bind(**clips, **args.policy_loss_kwargs)
+
+
+class PolicyUpdate:
+    """Holds: the config it reads its settings from (loss and its hyper-parameters, KL kind, entropy bonus,
+    rollout correction, value clipping) and the KL controller."""
+
+    def __init__(self, args, kl_controller):
+        self.args, self.kl_controller = args, kl_controller
+        bind_policy_loss(args)  # a wrong policy_loss_kwargs key fails here, before any rollout
+
+    def actor_loss(self, mb, logprobs: torch.Tensor, entropy: torch.Tensor | None) -> ActorLoss:
+        args, mask, norm = self.args, mb.response_mask.float(), mb.loss_norm
+        old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
+        advantages, metrics = self.corrected_advantages(mb, old)
+        loss, loss_metrics = bind_policy_loss(args)(old, logprobs, advantages, mask, norm)
+        metrics.update({f"actor/{k}": v for k, v in loss_metrics.items()})
+        if entropy is not None:
+            metrics["actor/entropy"] = masked_mean(entropy.detach(), mask).item()
+        kl_observed = None
+        if mb.ref_logprobs is not None:
+            kl = kl_penalty(logprobs, mb.ref_logprobs, args.kl_kind)
+            metrics["kl"] = masked_mean(kl.detach(), mask).item()
+            if not args.use_kl_in_reward:
+                loss = loss + self.kl_controller.value * agg_loss(kl, mask, norm)
+                metrics["kl/coef"] = self.kl_controller.value
+                kl_observed = (float((kl.detach() * mask).sum()), float(mask.sum()))
+        if args.entropy_coef:
+            loss = loss - args.entropy_coef * agg_loss(entropy, mask, norm)
+        return ActorLoss(loss, metrics, kl_observed)
+
+    def corrected_advantages(self, mb, old_logprobs: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """With `rollout_is`: advantages x the truncated/masked weights pi_old / pi_rollout (see
+        algorithms/rollout_correction.py for why weighting the advantages is the same gradient)."""
+        args = self.args
+        if args.rollout_is is None:
+            return mb.advantages, {}
+        weights, metrics = rollout_is_weights(old_logprobs, mb.rollout_logprobs, mb.response_mask, args.rollout_is,
+                                              args.rollout_is_mode, args.rollout_is_threshold,
+                                              args.rollout_is_threshold_low)
+        return mb.advantages * weights, dict(metrics)
+
+    def critic_step(self, mb, critic, old_values_field: str, returns_field: str, prefix: str,
+                    optimizer_step: bool) -> dict[str, float]:
+        """Clipped value loss and backward on the same micro-batch; the critic steps with the actor's optimizer
+        steps (`optimizer_step`), or every micro-step when its engine accumulates by itself."""
+        values = critic.forward_values(mb)
+        loss, metrics = value_loss(values, getattr(mb, old_values_field), getattr(mb, returns_field),
+                                   mb.response_mask.float(), cliprange_value=self.args.cliprange_value,
+                                   norm=mb.loss_norm)
+        critic.backward(loss)
+        out = {f"{prefix}/value_loss": loss.item(), **{f"{prefix}/{k}": v for k, v in metrics.items()}}
+        if critic.steps_every_micro_step or optimizer_step:
+            norm = critic.step()
+            if norm is not None:
+                out[f"{prefix}/grad_norm"] = norm
+        return out
+
+
+def entropy_needed(args, state) -> bool:
+    """Entropy over the vocabulary is costly: only for an entropy bonus, or on steps that will be logged."""
+    if args.entropy_coef > 0 or args.logging_strategy != "steps":
+        return True
+    every = state.logging_steps or 1
+    return (state.global_step + 1) % every == 0 or state.global_step == 0
