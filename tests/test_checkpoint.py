@@ -64,14 +64,15 @@ def test_a_round_file_of_the_first_layout_loads_with_its_normalisers(tmp_path):
                       response_ids=torch.ones(2, 3, dtype=torch.long), response_mask=torch.ones(2, 3),
                       group_ids=torch.tensor([0, 0]), truncated=torch.zeros(2, dtype=torch.bool))
     mb.__dict__.update(step_num_tokens=6.0, step_num_seqs=2.0)  # how that version's micro-batches looked
-    torch.save({"round": [mb], "micro_step": 3, "last_round": None, "round_size": 2, "refill_order": [5, 1],
+    torch.save({"round": [mb, mb], "micro_step": 3, "last_round": None, "round_size": 2, "refill_order": [5, 1],
                 "rollout_calls": {3: 1}, "metrics": {"kl": [0.5]}, "kl_seen": [1.0, 6.0, 2.0], "world_size": 1},
                tmp_path / "rl_round_0.pt")
     loader, fresh = _checkpoint()
     loader.load(str(tmp_path))
-    loaded = fresh["round"].micro_batches[0]
+    loaded, second_epoch = fresh["round"].micro_batches  # ppo_epochs=2 saved the same micro-batch twice
     assert loaded.loss_norm == LossNorm("seq-mean-token-mean", num_tokens=6.0, num_seqs=2.0, constant=12,
                                         count_empty_rows=True)
+    assert second_epoch.loss_norm == loaded.loss_norm
     assert "step_num_tokens" not in loaded.__dict__ and fresh["round"].micro_step == 3
     assert fresh["metrics"].values == {"kl": [0.5]} and fresh["kl_meter"].pending == [1.0, 6.0, 2.0]
     (tmp_path / "rl_round_0.pt").unlink()  # without round files the run starts a fresh round

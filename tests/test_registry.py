@@ -459,3 +459,32 @@ def test_estimator_without_kwargs_gets_only_its_inputs_and_overrides_keep_flags(
         assert advantage_spec("gae").needs_values and advantage_spec("gae").display_name == "PPO"
     finally:
         ADVANTAGE_ESTIMATORS.pop("plain_inputs", None)
+
+
+def test_a_loss_declaring_hyperparameters_must_take_norm_and_unhashable_estimators_work():
+    with pytest.raises(ValueError, match="takes no `norm`"):
+        @register_policy_loss("no_norm", hyperparameters={"coef": 1.0})
+        def no_norm(old_logprobs, logprobs, advantages, response_mask, *, coef=1.0):
+            return logprobs.sum(), {}
+    assert "no_norm" not in POLICY_LOSSES
+
+    class Estimator:  # a callable object that cannot be hashed
+        __hash__ = None
+
+        def __call__(self, token_level_rewards, response_mask, **unused):
+            return token_level_rewards, token_level_rewards
+
+    try:
+        register_advantage("callable_object")(Estimator())
+        adv, _ = advantage_spec("callable_object")(token_level_rewards=torch.ones(1, 2), response_mask=torch.ones(1, 2))
+        close(adv, torch.ones(1, 2))
+    finally:
+        ADVANTAGE_ESTIMATORS.pop("callable_object", None)
+
+
+def test_a_step_count_below_one_is_kept():
+    # Two processes, one valid token in the whole step: each process divides by 1 / 2, so the averaged
+    # gradient is the global token mean (the token's loss, -1 here), not half of it.
+    loss = agg_loss(-torch.ones(1, 2), torch.tensor([[1.0, 0.0]]), LossNorm("token-mean", num_tokens=0.5))
+    close(loss, torch.tensor(-2.0))
+    close(agg_loss(torch.ones(1, 2), torch.zeros(1, 2), LossNorm("token-mean", num_tokens=0.0)), torch.tensor(0.0))

@@ -156,3 +156,22 @@ def test_dynamic_sampling_keeps_groups_whose_costs_differ():
     batch.costs = torch.tensor([0.0, 0.0, 0.0, 1.0, 0.0, 0.0])
     kept, flat = split_informative(batch, safety)
     assert kept.group_ids.tolist() == [1, 1, 2, 2] and flat.group_ids.tolist() == [0, 0]
+
+
+def test_dynamic_sampling_keeps_a_group_left_with_one_scored_row_under_verls_singleton_rule():
+    """Group 0's second row is unscored: one scored row is left, whose advantage is its score under
+    singleton_group_advantage="score" (verl), so the group informs; with "zero" it carries nothing."""
+    import torch
+
+    from verl_hf.batch import RolloutBatch
+    from verl_hf.round import split_informative
+    from verl_hf.safety import NoConstraint
+
+    batch = RolloutBatch(prompt_ids=torch.ones(4, 2, dtype=torch.long), prompt_mask=torch.ones(4, 2),
+                         response_ids=torch.ones(4, 3, dtype=torch.long), response_mask=torch.ones(4, 3),
+                         group_ids=torch.tensor([0, 0, 1, 1]), truncated=torch.zeros(4, dtype=torch.bool),
+                         rewards=torch.tensor([1.0, 0.0, 1.0, 1.0]), valid=torch.tensor([True, False, True, True]))
+    kept, flat = split_informative(batch, NoConstraint(), singleton_informs=True)
+    assert kept.group_ids.tolist() == [0, 0] and flat.group_ids.tolist() == [1, 1]
+    kept, flat = split_informative(batch, NoConstraint(), singleton_informs=False)
+    assert kept.group_ids.tolist() == [] and flat.group_ids.tolist() == [0, 0, 1, 1]

@@ -17,12 +17,15 @@ See it work: tests/test_resume.py, tests/test_checkpoint.py.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import replace
 
 import torch
 
 from .algorithms import LossNorm
+
+logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2  # 1: the layout before the version file (flat round files, converted when read)
 VERSION_FILE = "rl_checkpoint.json"
@@ -103,21 +106,29 @@ class RLCheckpoint:
 
     def _read_round_file(self, path: str) -> dict:
         saved = torch.load(path, weights_only=False)  # our own file: it holds RolloutBatch objects
-        if "parts" in saved:
-            return saved
-        return {"world_size": saved["world_size"], "parts": self._first_layout_parts(saved)}
+        if "parts" not in saved:
+            logger.warning(f"{path}: a round saved in format version 1 resumes with this version's math; the "
+                           f"defaults changed to verl 0.9.1's (CHANGELOG: singleton groups, seq-mean counts, sapo, "
+                           f"geo_mean), so set their options to continue it exactly as it started.")
+            return {"world_size": saved["world_size"], "parts": self._first_layout_parts(saved)}
+        if saved.get("format_version", FORMAT_VERSION) > FORMAT_VERSION:  # a node that saw no version file
+            raise ValueError(f"{path} is in RL format version {saved['format_version']}, newer than this verl_hf "
+                             f"reads ({FORMAT_VERSION}); resume it with the verl_hf version that wrote it.")
+        return saved
 
     def _first_layout_parts(self, saved: dict) -> dict:
         """Format version 1 kept flat keys, and each micro-batch its step's normaliser as two loose numbers
         (`step_num_tokens`, `step_num_seqs`, every row counted): they become the LossNorm the run trained with."""
-        args = self.args
+        args, converted = self.args, {}
 
-        def upgraded(mb):
-            loose = mb.__dict__
-            norm = LossNorm(args.loss_agg_mode, num_tokens=loose.pop("step_num_tokens", None),
-                            num_seqs=loose.pop("step_num_seqs", None), constant=args.max_response_length,
-                            count_empty_rows=True)
-            return replace(mb, loss_norm=norm)
+        def upgraded(mb):  # ppo_epochs repeats the same objects: each is converted once, and stays shared
+            if id(mb) not in converted:
+                loose = mb.__dict__
+                norm = LossNorm(args.loss_agg_mode, num_tokens=loose.get("step_num_tokens"),
+                                num_seqs=loose.get("step_num_seqs"), constant=args.max_response_length,
+                                count_empty_rows=True)
+                converted[id(mb)] = replace(mb, loss_norm=norm)
+            return converted[id(mb)]
 
         last = saved.get("last_round")
         return {"round": {"micro_batches": [upgraded(mb) for mb in saved.get("round") or []],

@@ -18,7 +18,8 @@ from functools import partial
 
 import torch
 
-from .algorithms import LossNorm, advantage_spec, group_all_equal, kl_penalty, masked_mean, place_outcome_rewards
+from .algorithms import LossNorm, advantage_spec, group_all_equal, group_stats, kl_penalty, masked_mean
+from .algorithms import place_outcome_rewards
 from .batch import RolloutBatch, concat_batches
 from .rewards import score_completions
 from .rewards.shaping import overlong_penalty
@@ -126,12 +127,12 @@ class RoundBuilder:
         args = self.args
         if not args.dynamic_sampling:
             return batch
-        kept, dropped = split_informative(batch, self.constraint)
+        kept, dropped = self._split(batch)
         self.metrics.record({"dynamic_sampling/informative_frac": _num_groups(kept) / max(_num_groups(batch), 1)})
         extra_rounds = 0
         while _num_groups(kept) < args.prompts_per_round and extra_rounds < args.dynamic_sampling_max_rounds:
             more = self.score(self.sample(self._refill_rows(micro_step), step))
-            more, more_dropped = split_informative(more, self.constraint)
+            more, more_dropped = self._split(more)
             kept, dropped = self._concat([kept, more]), self._concat([dropped, more_dropped])
             extra_rounds += 1
         self.metrics.record({"dynamic_sampling/extra_rounds": extra_rounds})
@@ -144,6 +145,9 @@ class RoundBuilder:
             raise RuntimeError(f"dynamic sampling built a round of {len(kept)} rows, expected "
                                f"{args.rollout_generation_batch_size}; please report this.")
         return kept
+
+    def _split(self, batch: RolloutBatch):
+        return split_informative(batch, self.constraint, self.args.singleton_group_advantage == "score")
 
     def _refill_rows(self, micro_step: int) -> list[dict]:
         """The next prompts of an independent shuffled stream over the train set (one per process)."""
@@ -249,10 +253,12 @@ class RoundBuilder:
         counts = torch.tensor([[float(s.response_mask.sum()), float(self._sequences(s))] for s in steps],
                               device=args.device)
         if args.world_size > 1:
-            counts = self.reduce_sum(counts) / args.world_size
+            counts = self.reduce_sum(counts)
+        # An empty step counts 1 (loss 0, never 0/0), clamped before the division by the number of processes.
+        counts = counts.clamp(min=1) / args.world_size
         micro = []
         for step_batch, (step_tokens, step_seqs) in zip(steps, counts.tolist()):
-            norm = LossNorm(args.loss_agg_mode, num_tokens=max(step_tokens, 1.0), num_seqs=max(step_seqs, 1.0),
+            norm = LossNorm(args.loss_agg_mode, num_tokens=step_tokens, num_seqs=step_seqs,
                             constant=args.max_response_length, count_empty_rows=args.seq_mean_count_empty_rows)
             micro += [replace(mb, loss_norm=norm) for mb in step_batch.split(args.per_device_train_batch_size)]
         return micro * args.ppo_epochs
@@ -263,10 +269,14 @@ class RoundBuilder:
         return int(step_batch.response_mask.any(dim=1).sum())
 
 
-def split_informative(batch: RolloutBatch, constraint):
+def split_informative(batch: RolloutBatch, constraint, singleton_informs: bool = False):
     """(informative rows, flat rows) for dynamic sampling: a group whose scored rewards are all equal is flat;
-    the constraint adds its own rule (with Safe-RLHF, a group whose costs differ informs)."""
+    the constraint adds its own rule (with Safe-RLHF, a group whose costs differ informs). With
+    `singleton_informs` (singleton_group_advantage="score", verl's rule) a group of one scored row informs: its
+    advantage is its score (verl's DAPO filter keeps groups of one too)."""
     flat = constraint.flat_groups(batch, group_all_equal(batch.rewards, batch.group_ids, batch.valid))
+    if singleton_informs:
+        flat = flat & (group_stats(batch.rewards, batch.group_ids, batch.valid).count != 1)
     return batch.select(~flat), batch.select(flat)
 
 

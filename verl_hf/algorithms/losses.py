@@ -88,8 +88,10 @@ def agg_loss(
     norm = _as_norm(norm, loss_agg_mode, num_tokens, num_seqs, norm_constant)
 
     def _denom(n):
-        # clamp(min=1): an empty batch (all-zero mask) yields loss 0, never 0/0.
-        return torch.as_tensor(n, dtype=loss_mat.dtype, device=loss_mat.device).clamp(min=1)
+        # An empty batch (count 0) yields loss 0, never 0/0. A positive count is kept as is, also below 1: under
+        # data parallelism a step's count is its total over processes divided by their number.
+        n = torch.as_tensor(n, dtype=loss_mat.dtype, device=loss_mat.device)
+        return torch.where(n > 0, n, torch.ones_like(n))
 
     if norm.mode == "token-mean":
         n_tok = loss_mask.bool().sum() if norm.num_tokens is None else norm.num_tokens

@@ -52,7 +52,10 @@ class AdvantageSpec:
     def __call__(self, *args, **inputs):
         """fn(**inputs), passing only the inputs fn takes: the round offers every input to every estimator, and
         an estimator written before an input existed (e.g. ``singleton_advantage``) must not break."""
-        accepted = _accepted_keywords(self.fn)
+        try:
+            accepted = _accepted_keywords(self.fn)
+        except TypeError:  # an unhashable callable (e.g. a dataclass instance): look it up uncached
+            accepted = _accepted_keywords.__wrapped__(self.fn)
         if accepted is not None:
             inputs = {k: v for k, v in inputs.items() if k in accepted}
         return self.fn(*args, **inputs)
@@ -206,6 +209,11 @@ def _policy_loss_spec_of(name, fn, hyperparameters, uses_old_logprobs) -> Policy
         own.update({k: own.get(k) for k in _LEGACY_CLIP_FIELDS if takes_all or k in params})
         norm_keys = tuple(k for k in _LEGACY_NORM_KEYWORDS if takes_all or k in params)
         return PolicyLossSpec(name, fn, MappingProxyType(own), uses_old_logprobs, legacy_norm_keywords=norm_keys)
+    if "norm" not in params:
+        raise ValueError(f"policy loss '{name}' is registered with hyperparameters= but {fn.__qualname__} takes no "
+                         f"`norm`: with hyperparameters= a loss is (old_logprobs, logprobs, advantages, response_mask, "
+                         f"norm, *, <hyper-parameters>); register one with the earlier keyword signature without "
+                         f"hyperparameters=.")
     for key, default in hyperparameters.items():
         p = params.get(key)
         if p is None or p.kind not in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD):
