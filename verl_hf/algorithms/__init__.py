@@ -28,6 +28,7 @@ from .registry import (
     register_policy_loss,
 )
 from .groups import GroupStats, group_all_equal, group_stats
+from .linear_logprobs import linear_logprobs
 from .utils import (
     entropy_from_logits,
     logprobs_from_logits,
@@ -68,6 +69,7 @@ __all__ = [
     "policy_loss_spec",
     "GroupStats",
     "group_stats",
+    "linear_logprobs",
     "group_all_equal",
     "LossNorm",
     "sequence_count",
