@@ -24,6 +24,7 @@ from transformers import TrainingArguments
 
 from .algorithms import ADVANTAGE_ESTIMATORS, IS_LEVELS, IS_MODES, KL_CONTROLLERS, KL_KINDS, LOSS_AGG_MODES, POLICY_LOSSES
 from .algorithms import SINGLETON_ADVANTAGES, advantage_spec, policy_loss_spec
+from .algorithms.registry import CLIP_FIELDS
 
 logger = logging.getLogger(__name__)
 
@@ -550,7 +551,7 @@ def _check_policy_loss_kwargs(args: "VerlConfig") -> None:
     if unknown:
         raise ValueError(f"policy_loss_kwargs {unknown} are not keywords of policy_loss={args.policy_loss!r}; "
                          f"it takes {sorted(spec.hyperparameters)}.")
-    clash = sorted(k for k in ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c") if k in args.policy_loss_kwargs)
+    clash = sorted(k for k in CLIP_FIELDS if k in args.policy_loss_kwargs)
     if clash:
         raise ValueError(f"set {clash} as VerlConfig fields, not in policy_loss_kwargs.")
     if args.ppo_epochs > 1 and not spec.uses_old_logprobs:

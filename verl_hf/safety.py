@@ -120,7 +120,7 @@ class SafetyConstraint:
             from accelerate.utils import gather_object
 
             everyone = gather_object(everyone)
-        self.window.extend(everyone)
+        self.observe(everyone)
         metrics.record(self.update_lambda(step))
 
     def advantages(self, batch, reward_advantages, token_rewards, estimate, metrics):

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, T
 
 from .algorithms import advantage_spec
 from .config import VerlConfig
-from .distributed import deepspeed_inference, is_zero3, zero_stage as accelerator_zero_stage
+from .distributed import deepspeed_inference, is_zero3, zero_stage
 from .rewards import resolve_reward_funcs
 from .roles import Critic, ReferencePolicy, RewardModel
 
@@ -137,7 +137,7 @@ def load_policy(model, peft_config):
 
 def make_reference(trainer, ref_policy, args) -> ReferencePolicy:
     actor_model = trainer.model
-    if zero_stage(trainer) == 3 and not hasattr(actor_model, "disable_adapter") and not isinstance(ref_policy, ReferencePolicy):
+    if zero_stage(trainer.accelerator) == 3 and not hasattr(actor_model, "disable_adapter") and not isinstance(ref_policy, ReferencePolicy):
         return zero3_reference(trainer, ref_policy, args)
     if ref_policy is None:
         return ReferencePolicy.from_actor(actor_model, args.temperature)
@@ -174,15 +174,10 @@ def make_critic(critic, policy, args: VerlConfig, trainer=None) -> Critic | None
     else:
         role = Critic(critic)
     role.learning_rate, role.max_grad_norm = args.critic_learning_rate, args.max_grad_norm
-    if trainer is not None and zero_stage(trainer) is not None:
+    if trainer is not None and zero_stage(trainer.accelerator) is not None:
         return role.use_deepspeed(trainer.accelerator.state.deepspeed_plugin.deepspeed_config)
     role.model.to(args.device)
     return role
-
-
-def zero_stage(trainer) -> int | None:
-    """The run's DeepSpeed ZeRO stage; None without DeepSpeed."""
-    return accelerator_zero_stage(trainer.accelerator)
 
 
 def make_kl_ctrl(args: VerlConfig):
@@ -224,7 +219,7 @@ def place_reward_models(trainer, reward_funcs) -> None:
     for _, func in reward_funcs:
         if not isinstance(func, RewardModel):
             continue
-        if zero_stage(trainer) == 3:
+        if zero_stage(trainer.accelerator) == 3:
             func.engine = deepspeed_inference(trainer.accelerator, func.model)
             func.model = func.engine.module
         else:

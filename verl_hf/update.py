@@ -15,9 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from .algorithms import agg_loss, kl_penalty, masked_mean, policy_loss_spec, rollout_is_weights, value_loss
-
-# VerlConfig fields that set a loss's hyper-parameter of the same name (when the loss declares it).
-CLIP_FIELDS = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c")
+from .algorithms.registry import CLIP_FIELDS
 
 
 @dataclass(frozen=True)

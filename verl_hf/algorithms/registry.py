@@ -26,9 +26,10 @@ _POLICY_LOSS_SPECS: Dict[str, "PolicyLossSpec"] = {}
 # Keywords of the pre-LossNorm loss signature; the legacy adapter fills them from the LossNorm.
 _LEGACY_NORM_KEYWORDS = {"loss_agg_mode": "mode", "num_tokens": "num_tokens", "num_seqs": "num_seqs",
                          "norm_constant": "constant"}
-# VerlConfig fields the trainer passed to every pre-LossNorm loss (clip_ratio_c always, the ratios when set):
-# a legacy loss that names them, or takes **kwargs, keeps getting them.
-_LEGACY_CLIP_FIELDS = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c")
+# Loss hyper-parameters that are VerlConfig fields of the same name (bound to the losses that declare them).
+# The trainer passed them to every pre-LossNorm loss (clip_ratio_c always, the ratios when set): a legacy loss
+# that names them, or takes **kwargs, keeps getting them.
+CLIP_FIELDS = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c")
 
 
 @dataclass(frozen=True)
@@ -206,7 +207,7 @@ def _policy_loss_spec_of(name, fn, hyperparameters, uses_old_logprobs) -> Policy
         takes_all = any(p.kind == p.VAR_KEYWORD for p in params.values())
         # Clip fields named in any form (or swallowed by **kwargs) keep arriving from VerlConfig; None: the
         # function's own default unless the config sets one.
-        own.update({k: own.get(k) for k in _LEGACY_CLIP_FIELDS if takes_all or k in params})
+        own.update({k: own.get(k) for k in CLIP_FIELDS if takes_all or k in params})
         norm_keys = tuple(k for k in _LEGACY_NORM_KEYWORDS if takes_all or k in params)
         return PolicyLossSpec(name, fn, MappingProxyType(own), uses_old_logprobs, legacy_norm_keywords=norm_keys)
     if "norm" not in params:
