@@ -47,6 +47,7 @@ def small_config(tmp_path, **overrides):
         lr_scheduler_type="constant", max_prompt_length=32, max_response_length=12, max_steps=4,
         logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True,
         per_device_eval_batch_size=100, reward_funcs=["gsm8k", "gsm8k_format"], reward_weights=[1.0, 0.1], seed=0,
+        bf16=False,  # fp32: these tests compare numbers exactly; the bf16 default has its own tests
     )
     values.update(overrides)
     return VerlConfig(**values)

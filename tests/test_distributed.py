@@ -35,8 +35,10 @@ MODES = {  # the ready-made configs users launch with
     "zero3_lora": ["--config_file", str(ACCELERATE / "zero3.yaml")],
 }
 # Training flags per mode on top of the demo config. ZeRO-3 also carries a KL reference (DeepSpeed inference
-# engine); its KL at the first step, before any update, must be zero.
+# engine); its KL at the first step, before any update, must be zero. DDP trains in token-budget pieces.
 EXTRA = {
+    # DDP cuts each micro-batch into token-budget pieces: gradients synchronised after the last piece only
+    "ddp": ["--max_tokens_per_micro_batch", "300"],
     "zero3": ["--kl_coef", "0.01"],
     "zero3_lora": ["--use_peft", "true", "--lora_r", "8", "--lora_target_modules", "q_proj", "v_proj",
                    "--learning_rate", "1e-3"],
@@ -49,7 +51,7 @@ def _run(tmp_path, launcher: list[str], out: Path, flags: list[str], env_extra: 
     script.write_text(SCRIPT)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **(env_extra or {})}
     cmd = [sys.executable, *launcher, str(script), str(REPO / "examples/configs/demo.yaml"), "--output_dir", str(out),
-           "--per_device_eval_batch_size", "64", "--logging_steps", "1", *flags]
+           "--per_device_eval_batch_size", "64", "--logging_steps", "1", "--bf16", "false", *flags]  # fp32: compared exactly
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     noise = ("FutureWarning", "return func(", "RL: ", "Loading weights")
     errors = "\n".join(line for line in result.stderr.splitlines() if line.strip() and not line.lstrip().startswith(noise)
@@ -161,7 +163,8 @@ def test_ppo_critic_under_ddp_and_zero3_and_exact_zero3_resume(tmp_path):
     def run(config, out, extra, env=None):
         script = tmp_path / "run.py"
         script.write_text(SCRIPT)
-        cmd = [sys.executable, *_two_processes(config), str(script), ppo, "--output_dir", str(out), *flags, *extra]
+        cmd = [sys.executable, *_two_processes(config), str(script), ppo, "--output_dir", str(out), "--bf16", "false",
+               *flags, *extra]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **(env or {})}
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
         assert result.returncode == 0, result.stderr[-3000:]

@@ -125,6 +125,10 @@ def test_some_rewards_none_exclude_those_rows(tmp_path, warm_start_dir, addition
         (dict(eval_num_generations=4), "set eval_do_sample=True"),
         (dict(kl_controller="adaptive"), "kl_coef=0 turns KL off"),
         (dict(kl_coef=0.1, kl_controller="pid"), "three numbers (kp ki kd)"),
+        (dict(logits_chunk_size=-1), "logits_chunk_size=-1 must be >= 0"),
+        (dict(max_tokens_per_micro_batch=100), "must be >= max_prompt_length + max_response_length = 768"),
+        (dict(max_tokens_per_micro_batch=1000, deepspeed={"zero_optimization": {"stage": 2}}),
+         "DeepSpeed's gradient accumulation"),
     ],
 )
 def test_config_rejects_more(overrides, message):
@@ -135,3 +139,15 @@ def test_config_rejects_more(overrides, message):
 
 def test_policy_loss_kwargs_reach_the_loss():
     assert _config(policy_loss="sapo", policy_loss_kwargs='{"tau_pos": 0.5}').policy_loss_kwargs == {"tau_pos": 0.5}
+
+
+def test_bf16_default_follows_the_hardware_and_explicit_choices_win(monkeypatch):
+    from verl_hf.config import bf16_is_fast
+
+    assert _config().bf16 is bf16_is_fast()  # None resolves to on exactly where bf16 is fast
+    assert _config(bf16=False).bf16 is False
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")  # DeepSpeed on a CPU keeps fp32 unless asked
+    import torch
+
+    if not torch.cuda.is_available():
+        assert _config(use_cpu=False).bf16 is False

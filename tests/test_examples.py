@@ -8,10 +8,11 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 def test_swap_trainer_trains_and_reward_rises(tmp_path):
     module = runpy.run_path(str(EXAMPLES / "swap_trainer.py"))
-    trainer = module["main"](max_steps=60, output_dir=str(tmp_path))
+    trainer = module["main"](max_steps=100, output_dir=str(tmp_path))
     rewards = [h["reward/mean"] for h in trainer.state.log_history if "reward/mean" in h]
-    assert trainer.state.global_step == 60 and len(rewards) == 3
-    assert rewards[-1] > rewards[0], rewards
+    assert trainer.state.global_step == 100 and len(rewards) == 5
+    # 20-step windows are noisy (one dips below the first in fp32 and in bf16): the last two against the first
+    assert (rewards[-1] + rewards[-2]) / 2 > rewards[0] + 0.02, rewards
 
 
 def test_swap_trainer_differs_from_an_sft_script_only_in_marked_lines():

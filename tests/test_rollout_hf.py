@@ -107,3 +107,23 @@ def test_model_generation_config_does_not_change_sampling(policy, tokenizer):
     out = policy.generate(torch.tensor(prompts), max_new_tokens=10, do_sample=False,
                           pad_token_id=tokenizer.pad_token_id)  # plain generate does apply them
     assert not torch.equal(out[:, len(prompts[0]):][:, : plain.shape[1]], plain)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_auto_hf_engine_decodes_in_the_mixed_precision_dtype(policy, tokenizer, bf16):
+    """rollout_hf_weights='auto': the policy itself in fp32; under bf16 mixed precision a bf16 copy (with eager
+    attention on a CPU, for short sequences), whose attention choice leaves the policy's config alone."""
+    from verl_hf import VerlConfig
+    from verl_hf.rollout import make_rollout_engine
+
+    args = VerlConfig(output_dir="/tmp/verl-hf-engine", report_to="none", use_cpu=True, bf16=bf16,
+                      per_device_train_batch_size=8, num_generations=4)
+    policy_attention = policy.config._attn_implementation
+    engine = make_rollout_engine(policy, tokenizer, args, zero_stage=None)
+    if not bf16:
+        assert isinstance(engine, HFSharedEngine) and engine.generates_from(policy)
+        return
+    assert isinstance(engine, HFCopyEngine) and engine.dtype == torch.bfloat16
+    if not torch.cuda.is_available():
+        assert engine.model.config._attn_implementation == "eager"
+    assert policy.config._attn_implementation == policy_attention and engine.model.config is not policy.config

@@ -8,6 +8,7 @@ from transformers import TrainerCallback
 
 from conftest import small_config
 from verl_hf import VerlTrainer
+from verl_hf.algorithms.losses import LOSS_AGG_MODES
 
 
 def test_grpo_raises_held_out_accuracy(tmp_path, warm_start_dir, addition):
@@ -84,6 +85,28 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path, warm_start_dir, a
         torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-4)
 
 
+@pytest.mark.parametrize("loss_agg_mode", LOSS_AGG_MODES)
+def test_token_budget_pieces_give_the_same_update(tmp_path, warm_start_dir, addition, loss_agg_mode):
+    """max_tokens_per_micro_batch cuts each micro-batch into length-ordered pieces padded to their own longest
+    row; the step's normaliser is shared, so the update equals one forward/backward over the whole micro-batch."""
+    train, _ = addition
+    results = []
+    for budget in (None, 120):
+        args = small_config(tmp_path, max_steps=1, learning_rate=1e-1, optim="sgd", loss_agg_mode=loss_agg_mode,
+                            max_tokens_per_micro_batch=budget)
+        trainer = VerlTrainer(model=warm_start_dir, args=args, train_dataset=train)
+        trainer.train()
+        results.append([p.detach().clone() for p in trainer.model.parameters()])
+    round_rows = trainer.round_in_progress.last_round
+    pieces = round_rows.split_by_tokens(120)
+    assert len(pieces) > 4 and sum(map(len, pieces)) == len(round_rows)  # really cut, nothing lost
+    for piece in pieces[:-1]:
+        clean = piece.without_padding()
+        assert len(piece) == 1 or clean.input_ids.numel() <= 120
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-4)
+
+
 def test_plain_training_arguments_are_converted(tmp_path, warm_start_dir, addition):
     from transformers import TrainingArguments
 
@@ -104,6 +127,24 @@ def test_kl_against_reference_is_logged_and_grows(tmp_path, warm_start_dir, addi
     assert kls[0] == pytest.approx(0.0, abs=1e-6) and kls[-1] > 1e-6
     assert trainer.ref_policy.model is not trainer.model
     assert ("kl/in_reward" in trainer.state.log_history[-2]) == kl_in_reward
+
+
+def test_bf16_default_samples_from_a_bf16_copy_and_kl_starts_at_zero(tmp_path, warm_start_dir, addition):
+    """The default precision on this machine (bf16 where it is fast): the reference is scored under the same
+    autocast as the actor's loss, so KL is exactly zero before the first update, then grows."""
+    from verl_hf.config import bf16_is_fast
+    from verl_hf.rollout import HFCopyEngine
+
+    args = small_config(tmp_path, bf16=None, kl_coef=0.05, max_steps=3, learning_rate=1e-3)
+    assert args.bf16 is bf16_is_fast()
+    trainer = VerlTrainer(model=warm_start_dir, args=args, train_dataset=addition[0])
+    trainer.train()
+    kls = [h["kl"] for h in trainer.state.log_history if "kl" in h]
+    assert kls[0] == pytest.approx(0.0, abs=1e-7) and kls[-1] > 1e-6, kls
+    if args.bf16:
+        engine = trainer.actor.engine
+        assert isinstance(engine, HFCopyEngine) and engine.dtype == torch.bfloat16
+        assert next(trainer.model.parameters()).dtype == torch.float32  # fp32 master weights
 
 
 def test_lora_actor_uses_adapter_free_base_as_reference(tmp_path, warm_start_dir, addition):

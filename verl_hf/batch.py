@@ -78,6 +78,33 @@ class RolloutBatch:
                 updates[f.name] = {k: [v[i] for i in rows] for k, v in value.items()}
         return replace(self, **updates)
 
+    def without_padding(self) -> "RolloutBatch":
+        """The same rows without the columns that are padding in every row: prompt columns on the left,
+        response columns on the right (one response column is always kept). Positions follow the attention
+        mask, so every score of the kept tokens is unchanged; a micro-batch then costs its own longest row,
+        not the round's."""
+        first = int(self.prompt_mask.any(dim=0).int().argmax()) if self.prompt_mask.numel() else 0
+        used = self.response_mask.any(dim=0).nonzero()
+        end = int(used[-1]) + 1 if len(used) else 1
+        if first == 0 and end == self.response_ids.shape[1]:
+            return self
+        updates = {name: getattr(self, name)[:, :end] for name in TOKEN_FIELDS if getattr(self, name) is not None}
+        return replace(self, prompt_ids=self.prompt_ids[:, first:], prompt_mask=self.prompt_mask[:, first:], **updates)
+
+    def split_by_tokens(self, max_tokens: int) -> list["RolloutBatch"]:
+        """Consecutive pieces, each as many rows as fit in `max_tokens` once padded to the piece's own longest
+        prompt and response (rows x (prompt width + response width)); a row longer than that is a piece alone.
+        Order the rows by length first (round.by_length) and the pieces pad little (verl's dynamic batch size)."""
+        prompt_lens, response_lens = self.prompt_mask.sum(dim=1).tolist(), self.response_mask.sum(dim=1).tolist()
+        pieces, start, widest_prompt, widest_response = [], 0, 0, 0
+        for row, (p, r) in enumerate(zip(prompt_lens, response_lens)):
+            p, r = max(widest_prompt, p), max(widest_response, max(r, 1))
+            if row > start and (row + 1 - start) * (p + r) > max_tokens:
+                pieces.append(self.select(slice(start, row)))
+                start, p, r = row, prompt_lens[row], max(response_lens[row], 1)
+            widest_prompt, widest_response = p, r
+        return pieces + [self.select(slice(start, len(self)))] if len(self) else []
+
     def split(self, size: int) -> list["RolloutBatch"]:
         """Consecutive micro-batches of `size` rows."""
         return [self.select(slice(i, i + size)) for i in range(0, len(self), size)]

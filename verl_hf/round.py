@@ -13,6 +13,7 @@ See it work: tests/test_round.py, tests/test_trainer_e2e.py, examples/custom_loo
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -68,8 +69,12 @@ class RoundBuilder:
     and the two streams a round consumes: dynamic sampling's refill prompts and the per-prompt seeds."""
 
     def __init__(self, args, actor, rewards: RewardStage, *, ref_policy=None, critic=None, constraint,
-                 kl_controller, metrics: MetricBuffer, train_dataset=None, reduce_sum=lambda t: t):
-        self.args, self.actor, self.rewards = args, actor, rewards
+                 kl_controller, metrics: MetricBuffer, train_dataset=None, reduce_sum=lambda t: t,
+                 precision=contextlib.nullcontext):
+        """`precision`: the context the actor's loss forward runs under (accelerate's autocast); the reference
+        and behaviour log-probs are computed under it too, or bf16 training would see KL and ratios off 1 that
+        are only rounding."""
+        self.args, self.actor, self.rewards, self.precision = args, actor, rewards, precision
         self.ref_policy, self.critic, self.constraint, self.kl_controller = ref_policy, critic, constraint, kl_controller
         self.metrics, self.train_dataset, self.reduce_sum = metrics, train_dataset, reduce_sum
         self.advantage = advantage_spec(args.adv_estimator)
@@ -187,7 +192,7 @@ class RoundBuilder:
 
     def add_reference_logprobs(self, batch: RolloutBatch) -> RolloutBatch:
         if self.ref_policy is not None:
-            with self.metrics.timer("ref_logprobs"):
+            with self.metrics.timer("ref_logprobs"), self.precision():
                 batch.ref_logprobs = self.ref_policy.get_logprobs(batch, self.args.per_device_train_batch_size)
         return batch
 
@@ -198,7 +203,7 @@ class RoundBuilder:
         args = self.args
         updates_per_round = args.micro_steps_per_round // args.gradient_accumulation_steps
         if updates_per_round > 1 or (args.use_kl_in_reward and batch.ref_logprobs is not None):
-            with self.metrics.timer("old_logprobs"):
+            with self.metrics.timer("old_logprobs"), self.precision():
                 batch.old_logprobs = self.actor.get_logprobs(batch, args.per_device_train_batch_size)
         return batch
 
@@ -260,13 +265,23 @@ class RoundBuilder:
         for step_batch, (step_tokens, step_seqs) in zip(steps, counts.tolist()):
             norm = LossNorm(args.loss_agg_mode, num_tokens=step_tokens, num_seqs=step_seqs,
                             constant=args.max_response_length, count_empty_rows=args.seq_mean_count_empty_rows)
-            micro += [replace(mb, loss_norm=norm) for mb in step_batch.split(args.per_device_train_batch_size)]
+            micro += [replace(mb.without_padding(), loss_norm=norm)
+                      for mb in by_length(step_batch).split(args.per_device_train_batch_size)]
         return micro * args.ppo_epochs
 
     def _sequences(self, step_batch: RolloutBatch) -> int:
         if self.args.seq_mean_count_empty_rows:
             return len(step_batch)
         return int(step_batch.response_mask.any(dim=1).sum())
+
+
+def by_length(batch: RolloutBatch) -> RolloutBatch:
+    """The rows ordered by their token count (prompt + response; stable), so that the micro-batches cut from
+    them hold rows of similar length and pad little. The step's gradient is a sum over its rows, so the order
+    does not change it."""
+    lengths = batch.prompt_mask.sum(dim=1) + batch.response_mask.sum(dim=1)
+    order = torch.sort(lengths, stable=True).indices
+    return batch if bool((order == torch.arange(len(order))).all()) else batch.select(order.tolist())
 
 
 def split_informative(batch: RolloutBatch, constraint, singleton_informs: bool = False):

@@ -12,6 +12,7 @@ See it work: tests/test_trainer_e2e.py, tests/test_algorithms_e2e.py, examples/s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -27,6 +28,7 @@ from .distributed import zero_stage
 from .evaluation import evaluate_rewards
 from .roles import Actor
 from .rollout import make_rollout_engine
+from .rollout.factory import preferred_attention
 from .round import RewardStage, RoundBuilder
 from .safety import NoConstraint
 from .state import KLMeter, MetricBuffer, RoundInProgress
@@ -75,13 +77,13 @@ class VerlTrainer(Trainer):
         train_dataset, eval_dataset = prepare_datasets(train_dataset, eval_dataset, tokenizer, args)
 
         super().__init__(
-            model=setup.load_policy(model, peft_config), args=args, data_collator=data_collator or keep_rows,
-            train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=tokenizer, callbacks=callbacks,
-            optimizers=optimizers, **trainer_kwargs,
+            model=setup.load_policy(model, peft_config, preferred_attention(args)), args=args,
+            data_collator=data_collator or keep_rows, train_dataset=train_dataset, eval_dataset=eval_dataset,
+            processing_class=tokenizer, callbacks=callbacks, optimizers=optimizers, **trainer_kwargs,
         )
         engine = make_rollout_engine(self.model, tokenizer, args, zero_stage=zero_stage(self.accelerator))
         self.actor = Actor(self.model, tokenizer, engine=engine, temperature=args.temperature,
-                           weight_sync=WeightSync.from_config(args, engine))
+                           weight_sync=WeightSync.from_config(args, engine), logits_chunk_size=args.logits_chunk_size)
         self.add_callback(_EngineWeightsChanged(self.actor))
         setup.place_reward_models(self, self.reward_funcs)
         self.ref_policy = setup.make_reference(self, ref_policy, args) if args.kl_coef > 0 else None
@@ -101,7 +103,7 @@ class VerlTrainer(Trainer):
         self.round_builder = RoundBuilder(
             args, self.actor, self.rewards, ref_policy=self.ref_policy, critic=self.critic,
             constraint=self.constraint, kl_controller=self.kl_ctrl, metrics=self.metrics,
-            train_dataset=self.train_dataset, reduce_sum=self._reduce_sum)
+            train_dataset=self.train_dataset, reduce_sum=self._reduce_sum, precision=self.accelerator.autocast)
         self.policy_update = PolicyUpdate(args, self.kl_ctrl)
         self.critics = [(self.critic, "values", "returns", "critic")] if self.critic is not None else []
         self.critics += self.constraint.critics()
@@ -175,15 +177,21 @@ class VerlTrainer(Trainer):
             self.metrics.record(sync_metrics)
 
     def _update(self, model, mb) -> torch.Tensor:
-        """Actor loss and backward (skipped during critic warm-up), then the critics' (PPO, Safe-RLHF)."""
-        started = time.perf_counter()
-        mb = mb.to(self.args.device)
-        loss = torch.zeros((), device=self.args.device)
-        if self.state.global_step >= self.args.critic_warmup_steps:
-            loss = self._actor_backward(model, mb)
-        optimizer_step = self.round_in_progress.micro_step % self.args.gradient_accumulation_steps == 0
-        for critic, old_values, returns, prefix in self.critics:
-            self.metrics.record(self.policy_update.critic_step(mb, critic, old_values, returns, prefix, optimizer_step))
+        """Actor loss and backward (skipped during critic warm-up), then the critics' (PPO, Safe-RLHF), once per
+        piece of at most `max_tokens_per_micro_batch` tokens; gradients are synchronised after the last piece."""
+        started, args = time.perf_counter(), self.args
+        pieces = mb.split_by_tokens(args.max_tokens_per_micro_batch) if args.max_tokens_per_micro_batch else [mb]
+        loss = torch.zeros((), device=args.device)
+        step_ends = self.round_in_progress.micro_step % args.gradient_accumulation_steps == 0
+        for i, piece in enumerate(pieces):
+            last = i == len(pieces) - 1
+            piece = piece.without_padding().to(args.device)
+            with contextlib.nullcontext() if last else self.accelerator.no_sync(model):
+                if self.state.global_step >= args.critic_warmup_steps:
+                    loss = loss + self._actor_backward(model, piece)
+            for critic, old_values, returns, prefix in self.critics:
+                self.metrics.record(self.policy_update.critic_step(piece, critic, old_values, returns, prefix,
+                                                                   step_ends and last))
         self.metrics.record({"time/update": time.perf_counter() - started})
         return loss.detach()
 

@@ -123,9 +123,11 @@ def load_tokenizer(tokenizer, model):
     return tokenizer
 
 
-def load_policy(model, peft_config):
+def load_policy(model, peft_config, attn_implementation: str | None = None):
+    """The policy from an id/path (with `attn_implementation` when given) or as passed, PEFT-wrapped if asked."""
     if isinstance(model, str):
-        model = AutoModelForCausalLM.from_pretrained(model)
+        kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        model = AutoModelForCausalLM.from_pretrained(model, **kwargs)
     if not isinstance(model, (PreTrainedModel, torch.nn.Module)):
         raise TypeError(f"model must be an id, a path or a PreTrainedModel, got {type(model).__name__}.")
     if peft_config is not None:
@@ -140,12 +142,13 @@ def make_reference(trainer, ref_policy, args) -> ReferencePolicy:
     if zero_stage(trainer.accelerator) == 3 and not hasattr(actor_model, "disable_adapter") and not isinstance(ref_policy, ReferencePolicy):
         return zero3_reference(trainer, ref_policy, args)
     if ref_policy is None:
-        return ReferencePolicy.from_actor(actor_model, args.temperature)
+        return ReferencePolicy.from_actor(actor_model, args.temperature, args.logits_chunk_size)
     if isinstance(ref_policy, ReferencePolicy):
         return ref_policy
     if isinstance(ref_policy, str):
         ref_policy = AutoModelForCausalLM.from_pretrained(ref_policy)
-    return ReferencePolicy(ref_policy.to(args.device), temperature=args.temperature)
+    return ReferencePolicy(ref_policy.to(args.device), temperature=args.temperature,
+                           logits_chunk_size=args.logits_chunk_size)
 
 
 def policy_path(model) -> str | None:
@@ -208,7 +211,7 @@ def zero3_reference(trainer, ref_policy, args: VerlConfig) -> ReferencePolicy:
         raise ValueError("under ZeRO-3 the KL reference is loaded from a path: pass ref_policy='<id or path>' "
                          "(the policy has no path to reload its starting weights from).")
     engine = deepspeed_inference(trainer.accelerator, model)
-    role = ReferencePolicy(engine.module, temperature=args.temperature)
+    role = ReferencePolicy(engine.module, temperature=args.temperature, logits_chunk_size=args.logits_chunk_size)
     role.engine = engine  # keeps DeepSpeed's hooks and buffers alive
     return role
 

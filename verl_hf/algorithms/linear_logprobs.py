@@ -5,9 +5,10 @@ reason for its GRPO memory savings).
 `linear_logprobs(hidden, weight, bias, targets, ...)` equals `logprobs_from_logits(hidden @ weight.T + bias)`
 (and `entropy_from_logits`) in value and gradient, but its peak extra memory is one chunk of logits
 (chunk_size x V) instead of several (N, V) tensors. Backward recomputes each chunk's logits from the saved
-hidden states and weight (one extra matmul per chunk, the usual recompute-for-memory trade).
+hidden states and weight (one extra matmul per chunk, the usual recompute-for-memory trade); when one chunk
+holds every row there is nothing to save by recomputing, so that chunk's log-softmax is kept for backward.
 
-Not yet wired into the roles (issue 14, point 2); see it work: tests/test_linear_logprobs.py.
+The roles reach it through `verl_hf.roles.scoring.sequence_logprobs`; see it work: tests/test_linear_logprobs.py.
 """
 
 from __future__ import annotations
@@ -42,23 +43,38 @@ class _LinearLogprobs(torch.autograd.Function):
             logprobs[rows] = log_p.gather(-1, targets[rows].unsqueeze(-1)).squeeze(-1)
             if with_entropy:
                 entropy[rows] = _entropy(log_p)
+        # One chunk: recomputing it would cost a matmul and save no memory, so backward reuses it.
+        ctx.kept = log_p if hidden.shape[0] <= chunk_size and any(ctx.needs_input_grad[:3]) else None
         ctx.save_for_backward(hidden, weight, bias, targets)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        # Backward recomputes the chunks under the same autocast as forward (bf16 matmuls stay bf16).
+        device = hidden.device.type
+        ctx.autocast = device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)
         ctx.set_materialize_grads(False)
         return logprobs, entropy
 
     @staticmethod
     def backward(ctx, grad_logprobs, grad_entropy):
+        device, enabled, dtype = ctx.autocast
+        with torch.autocast(device, dtype=dtype, enabled=enabled):
+            return _LinearLogprobs._backward(ctx, grad_logprobs, grad_entropy)
+
+    @staticmethod
+    def _backward(ctx, grad_logprobs, grad_entropy):
         hidden, weight, bias, targets = ctx.saved_tensors
         grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
         grad_bias = torch.zeros_like(bias, dtype=torch.float32) if bias is not None and ctx.needs_input_grad[2] else None
         for start in range(0, hidden.shape[0], ctx.chunk_size):
             rows = slice(start, start + ctx.chunk_size)
-            grad_z = _grad_logits(_log_softmax_chunk(hidden[rows], weight, bias, ctx.temperature), targets[rows],
+            log_p = ctx.kept if ctx.kept is not None else _log_softmax_chunk(hidden[rows], weight, bias, ctx.temperature)
+            ctx.kept = None  # _grad_logits overwrites it: a second backward must recompute
+            grad_z = _grad_logits(log_p, targets[rows],
                                   None if grad_logprobs is None else grad_logprobs[rows],
                                   None if grad_entropy is None else grad_entropy[rows])
-            grad_z = grad_z.div_(ctx.temperature).to(weight.dtype)
+            grad_z = grad_z.div_(ctx.temperature)
+            if not ctx.autocast[1]:
+                grad_z = grad_z.to(weight.dtype)
             if grad_hidden is not None:
                 grad_hidden[rows] = grad_z @ weight
             if grad_weight is not None:

@@ -6,7 +6,8 @@
 - `update(loss)` / `backward(loss)` + `step()` for custom loops (VerlTrainer steps its own optimizer).
 
 Log-probs use logits divided by the sampling temperature, so they describe the distribution the responses
-were drawn from.
+were drawn from; they come from the LM head in chunks (`logits_chunk_size`, see roles/scoring.py), never
+from the whole (B, T, V) logits.
 
 See it work: tests/test_roles.py, examples/custom_loop_ppo.py.
 """
@@ -15,35 +16,11 @@ from __future__ import annotations
 
 import torch
 
-from ..algorithms import entropy_from_logits, logprobs_from_logits
 from ..batch import RolloutBatch
 from ..distributed import is_zero3
 from ..rollout import HFSharedEngine, RolloutEngine, SamplingConfig, eos_token_ids
 from .base import TrainableRole, score_in_chunks
-
-
-def sequence_logprobs(model, batch: RolloutBatch, temperature: float = 1.0, with_entropy: bool = False,
-                      entropy_grad: bool = False):
-    """Log-probs (B, Lr) of the response tokens under `model`, and their entropies (B, Lr) or None.
-
-    Positions follow the attention mask (left padding shifts them), exactly as `generate` numbered them.
-    Only the logits of response positions are computed (`logits_to_keep`), not the prompt's.
-    Entropies carry gradients only with `entropy_grad` (an entropy bonus); as a metric they cost no graph.
-    """
-    attention_mask = batch.attention_mask
-    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-    response_len = batch.response_ids.shape[1]
-    logits = model(
-        input_ids=batch.input_ids, attention_mask=attention_mask, position_ids=position_ids,
-        use_cache=False, logits_to_keep=response_len + 1,
-    ).logits
-    logits = logits[:, :-1].float() / temperature  # position t predicts token t+1
-    logprobs = logprobs_from_logits(logits, batch.response_ids)
-    entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
-    return logprobs, entropy
+from .scoring import sequence_logprobs
 
 
 def disable_dropout(model) -> None:
@@ -58,8 +35,10 @@ class Actor(TrainableRole):
     from transformers import AutoModelForCausalLM as auto_class
 
     def __init__(self, model, tokenizer=None, engine: RolloutEngine | None = None, temperature: float = 1.0,
-                 learning_rate: float = 1e-5, max_grad_norm: float | None = 1.0, weight_sync=None):
-        """`engine`: the rollout engine (default: `HFSharedEngine`, HF generate on `model` itself). An engine
+                 learning_rate: float = 1e-5, max_grad_norm: float | None = 1.0, weight_sync=None,
+                 logits_chunk_size: int | None = None):
+        """`logits_chunk_size`: tokens per LM-head chunk for log-probs (None: about 64 MiB of logits; 0: the
+        full-logits path). `engine`: the rollout engine (default: `HFSharedEngine`, HF generate on `model` itself). An engine
         with its own weights (`engine.receives_weights`) is refreshed by `weight_sync` before the first generation
         and after every `step()` (default `WeightSync()`; from process 0 alone for an engine `shared_by_processes`)."""
         super().__init__(model, tokenizer, learning_rate=learning_rate, max_grad_norm=max_grad_norm)
@@ -67,7 +46,7 @@ class Actor(TrainableRole):
             raise ValueError("Actor needs a tokenizer: Actor(model, tokenizer=...) or Actor.from_pretrained(path).")
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        self.temperature = temperature
+        self.temperature, self.logits_chunk_size = temperature, logits_chunk_size
         self.engine = engine or HFSharedEngine(model, tokenizer.pad_token_id, eos_token_ids(model, tokenizer))
         if not isinstance(self.engine, RolloutEngine):
             raise TypeError(f"engine={type(self.engine).__name__} is not a verl_hf.rollout.RolloutEngine: subclass it "
@@ -161,7 +140,7 @@ class Actor(TrainableRole):
     def get_logprobs(self, sequences: RolloutBatch, micro_batch_size: int | None = None, model=None) -> torch.Tensor:
         """Log-probs (B, Lr) of the responses under the current weights, without gradients, in micro-batches."""
         return score_in_chunks(model or self.model, sequences, micro_batch_size,
-                               lambda m, mb: sequence_logprobs(m, mb, self.temperature)[0])
+                               lambda m, mb: self._logprobs(m, mb)[0])
 
     def compute_logprobs(self, sequences: RolloutBatch, model=None, with_entropy: bool = False,
                          entropy_grad: bool = False):
@@ -169,4 +148,7 @@ class Actor(TrainableRole):
         accelerate/DeepSpeed-wrapped module."""
         model = model or self.model
         model.train()
-        return sequence_logprobs(model, sequences.to(self.device), self.temperature, with_entropy, entropy_grad)
+        return self._logprobs(model, sequences.to(self.device), with_entropy, entropy_grad)
+
+    def _logprobs(self, model, batch, with_entropy: bool = False, entropy_grad: bool = False):
+        return sequence_logprobs(model, batch, self.temperature, with_entropy, entropy_grad, self.logits_chunk_size)

@@ -14,16 +14,18 @@ import torch
 
 @torch.no_grad()
 def score_in_chunks(model, sequences, micro_batch_size, score) -> torch.Tensor:
-    """`score(model, micro_batch)` over micro-batches with the model in eval mode (restored after), without
-    gradients; the parts concatenated along the batch."""
+    """`score(model, micro_batch)` (B, Lr) over micro-batches with the model in eval mode (restored after), without
+    gradients; the parts concatenated along the batch. Each micro-batch is scored without its all-padding
+    columns and its scores padded back with zeros to the batch's response width."""
     device = next(model.parameters()).device
+    width = sequences.response_ids.shape[1]
     was_training = model.training
     model.eval()
     try:
-        parts = [score(model, mb.to(device)) for mb in sequences.split(micro_batch_size or len(sequences))]
+        parts = [score(model, mb.without_padding().to(device)) for mb in sequences.split(micro_batch_size or len(sequences))]
     finally:
         model.train(was_training)
-    return torch.cat(parts)
+    return torch.cat([torch.nn.functional.pad(part, (0, width - part.shape[1])) for part in parts])
 
 
 def average_gradients(model) -> None:

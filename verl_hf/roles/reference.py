@@ -16,8 +16,8 @@ import torch
 
 from ..algorithms import kl_penalty
 from ..batch import RolloutBatch
-from .actor import sequence_logprobs
 from .base import Role, score_in_chunks
+from .scoring import sequence_logprobs
 
 
 class ReferencePolicy(Role):
@@ -25,12 +25,14 @@ class ReferencePolicy(Role):
 
     frozen = True
 
-    def __init__(self, model=None, tokenizer=None, temperature: float = 1.0, adapter_model=None):
-        """`model`: a causal LM (frozen here); or `adapter_model`: a PEFT model whose base (adapters off) is the reference."""
+    def __init__(self, model=None, tokenizer=None, temperature: float = 1.0, adapter_model=None,
+                 logits_chunk_size: int | None = None):
+        """`model`: a causal LM (frozen here); or `adapter_model`: a PEFT model whose base (adapters off) is the
+        reference. `logits_chunk_size`: as for `Actor` (tokens per LM-head chunk; 0: full logits)."""
         super().__init__(model, tokenizer)
         if (model is None) == (adapter_model is None):
             raise ValueError("ReferencePolicy takes exactly one of model= or adapter_model=.")
-        self.adapter_model, self.temperature = adapter_model, temperature
+        self.adapter_model, self.temperature, self.logits_chunk_size = adapter_model, temperature, logits_chunk_size
         self.moved = False  # set by SyncRefModelCallback: checkpoints then carry the moved reference
         self.engine = None  # a DeepSpeed inference engine holding the model under ZeRO-3
         if model is not None:
@@ -38,11 +40,11 @@ class ReferencePolicy(Role):
             model.requires_grad_(False)
 
     @classmethod
-    def from_actor(cls, actor_model, temperature: float = 1.0) -> "ReferencePolicy":
+    def from_actor(cls, actor_model, temperature: float = 1.0, logits_chunk_size: int | None = None) -> "ReferencePolicy":
         """The actor's starting point: adapters disabled for PEFT models, else a frozen copy."""
         if hasattr(actor_model, "disable_adapter"):
-            return cls(adapter_model=actor_model, temperature=temperature)
-        return cls(copy.deepcopy(actor_model), temperature=temperature)
+            return cls(adapter_model=actor_model, temperature=temperature, logits_chunk_size=logits_chunk_size)
+        return cls(copy.deepcopy(actor_model), temperature=temperature, logits_chunk_size=logits_chunk_size)
 
     @property
     def device(self) -> torch.device:
@@ -61,7 +63,8 @@ class ReferencePolicy(Role):
         model = self.model if self.model is not None else self.adapter_model
         with self._context():
             logprobs = score_in_chunks(model, sequences, micro_batch_size,
-                                       lambda m, mb: sequence_logprobs(m, mb, self.temperature)[0])
+                                       lambda m, mb: sequence_logprobs(m, mb, self.temperature,
+                                                                         chunk_size=self.logits_chunk_size)[0])
         return logprobs.to(sequences.response_ids.device)
 
     def add_logprobs(self, sequences: RolloutBatch, micro_batch_size: int | None = None) -> RolloutBatch:

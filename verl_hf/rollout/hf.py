@@ -13,6 +13,7 @@ See it work: tests/test_rollout_hf.py, tests/test_sync.py.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import torch
@@ -132,19 +133,24 @@ class HFCopyEngine(HFEngine):
     receives_weights = True
 
     @classmethod
-    def of(cls, training_model, pad_token_id: int, eos_token_ids: list[int], dtype=None, device=None) -> "HFCopyEngine":
+    def of(cls, training_model, pad_token_id: int, eos_token_ids: list[int], dtype=None, device=None,
+           attn_implementation: str | None = None) -> "HFCopyEngine":
         """An engine with its own plain copy of `training_model`'s architecture (PEFT and DeepSpeed wrappers
-        ignored), in `dtype` (default: the training weights' dtype). Its weights are zeros until the first sync."""
+        ignored), in `dtype` (default: the training weights' dtype) and with `attn_implementation` (default: the
+        policy's). Its weights are zeros until the first sync."""
         base = training_model.get_base_model() if hasattr(training_model, "get_base_model") else training_model
         first = next(base.parameters())
         dtype = dtype or first.dtype
         from transformers.initialization import no_init_weights
 
+        config = copy.deepcopy(base.config)  # its own: the attention choice must not change the policy's
+        if attn_implementation is not None:
+            config._attn_implementation = attn_implementation
         # The class constructor, not from_config: under an active ZeRO-3 config transformers would partition it.
         # No random init (the sync overwrites every weight) and no draw from the global RNG, so a run samples
         # the same with or without a copy.
         with no_init_weights(), torch.random.fork_rng(devices=[]):
-            model = type(base)(base.config)
+            model = type(base)(config)
         model.tie_weights()  # init_weights, which ties them, was skipped
         model.to(device=device or first.device, dtype=dtype)
         with torch.no_grad():

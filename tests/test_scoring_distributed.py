@@ -1,0 +1,95 @@
+"""The chunked LM head under two real processes (gloo): through a DDP wrapper the values and the all-reduced
+gradients equal the full-logits path; under DeepSpeed ZeRO-3 the values and the full gradients equal it too,
+and the partitioned head is gathered once per forward and once per backward, never once per chunk."""
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent('''
+    import os
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed, torch
+    import torch.distributed as dist
+    from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
+    from deepspeed.utils import safe_get_full_grad
+    from transformers import AutoModelForCausalLM
+    from verl_hf.batch import RolloutBatch
+    from verl_hf.demo import WARM_START_DIR
+    from verl_hf.roles.scoring import sequence_logprobs
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank = dist.get_rank()
+
+    def batch():  # different rows on each process, left padding on one row
+        g = torch.Generator().manual_seed(rank)
+        prompt, response = torch.randint(4, 60, (2, 6), generator=g), torch.randint(4, 60, (2, 5), generator=g)
+        prompt_mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6])
+        return RolloutBatch(prompt_ids=prompt, prompt_mask=prompt_mask, response_ids=response,
+                            response_mask=torch.ones_like(response), group_ids=torch.arange(2),
+                            truncated=torch.zeros(2, dtype=torch.bool))
+
+    def loss_of(model, chunk_size):
+        logprobs, entropy = sequence_logprobs(model, batch(), 0.7, with_entropy=True, entropy_grad=True,
+                                              chunk_size=chunk_size)
+        return (torch.linspace(-1, 1, 10).view(2, 5) * logprobs).sum() - 0.1 * entropy.sum(), logprobs.detach()
+
+    def close(a, b, what):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), (what, (a - b).abs().max().item())
+
+    # 1. DDP: the chunked head through the wrapper; gradients averaged by DDP's reducer
+    results = {}
+    for chunk in (0, 3):
+        ddp = torch.nn.parallel.DistributedDataParallel(AutoModelForCausalLM.from_pretrained(str(WARM_START_DIR)))
+        loss, logprobs = loss_of(ddp, chunk)
+        loss.backward()
+        results[chunk] = logprobs, {n: p.grad.clone() for n, p in ddp.module.named_parameters()}
+    close(results[3][0], results[0][0], "ddp log-probs")
+    for name, grad in results[0][1].items():
+        close(results[3][1][name], grad, name)
+
+    # 2. ZeRO-3: a partitioned head, gathered by its module hooks
+    fetches = []
+    original = PartitionedParameterCoordinator.fetch_sub_module
+    def counting(self, module, forward):
+        fetches.append((module, forward))
+        return original(self, module, forward)
+    PartitionedParameterCoordinator.fetch_sub_module = counting
+    results = {}
+    for chunk in (0, 3):
+        model = AutoModelForCausalLM.from_pretrained(str(WARM_START_DIR))
+        config = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3},
+                  "zero_allow_untested_optimizer": True}
+        engine, *_ = deepspeed.initialize(model=model, config=config,
+                                          optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+        head = engine.module.lm_head
+        assert head.weight.numel() == 0  # really partitioned
+        fetches.clear()
+        loss, logprobs = loss_of(engine, chunk)
+        engine.backward(loss)
+        results[chunk] = logprobs, {n: safe_get_full_grad(p).clone() for n, p in engine.module.named_parameters()}
+        # 10 scored rows in chunks of 3: still one gather of the head forward and one in backward
+        gathers = [forward for module, forward in fetches if module is head]
+        assert sorted(gathers) == [False, True], (chunk, gathers)
+    close(results[3][0], results[0][0], "zero-3 log-probs")
+    for name, grad in results[0][1].items():
+        close(results[3][1][name], grad, name)
+    print(f"rank {rank}: ALL OK")
+''')
+
+
+def test_chunked_head_under_ddp_and_zero3_two_processes(tmp_path):
+    script = tmp_path / "scoring_distributed.py"
+    script.write_text(SCRIPT)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+           str(port), str(script)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "rank 0: ALL OK" in result.stdout and "rank 1: ALL OK" in result.stdout, result.stdout[-2000:]

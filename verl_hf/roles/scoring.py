@@ -1,0 +1,111 @@
+"""Log-probs (and entropies) of response tokens under a causal LM, without holding the (B, T, V) logits.
+
+`sequence_logprobs(model, batch, ...)` runs the model's own forward (so DDP, DeepSpeed and PEFT wrappers do
+their work: gradient hooks, ZeRO-3 gathers, adapters) with the LM head's forward swapped, for that one call,
+for a head that maps its hidden states straight to (log-prob, entropy) per token through
+`algorithms.linear_logprobs`: the logits exist one chunk of rows at a time. The head is still called once
+per forward, as a module, so a ZeRO-3 head is gathered once per micro-batch (and once in backward), never
+per chunk.
+
+Models whose forward post-processes the logits (Gemma-2/3 soft-capping, Cohere's logit scale, Granite's
+logits scaling, Falcon-H1's multiplier) and heads that are not a plain `nn.Linear` (a LoRA-adapted or
+`modules_to_save` head) keep the full-logits path, which gives the same numbers with more memory.
+
+See it work: tests/test_scoring.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from ..algorithms import entropy_from_logits, logprobs_from_logits
+from ..algorithms.linear_logprobs import linear_logprobs
+
+# Config attributes under which a transformers forward changes the logits after the LM head.
+LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scaling", "lm_head_multiplier")
+# fp32 logits held at once by the chunked path when `chunk_size` is left to us (about 64 MiB).
+AUTO_CHUNK_BYTES = 64 * 2**20
+
+
+def output_head(model) -> torch.nn.Linear | None:
+    """The plain `nn.Linear` LM head of `model` (through DDP/DeepSpeed/PEFT wrappers), or None where the
+    chunked path cannot stand in for the model's own logits."""
+    inner = model
+    while hasattr(inner, "module") and isinstance(inner.module, torch.nn.Module):  # DDP, DeepSpeed engines
+        inner = inner.module
+    config = getattr(inner, "config", None)
+    if any(getattr(config, name, None) not in (None, 1, 1.0) for name in LOGIT_POSTPROCESSING):
+        return None
+    get_head = getattr(inner, "get_output_embeddings", None)
+    head = get_head() if get_head is not None else None
+    return head if type(head) is torch.nn.Linear else None
+
+
+def auto_chunk_size(vocab_size: int) -> int:
+    """Rows per chunk so that one chunk of fp32 logits is about `AUTO_CHUNK_BYTES` (at least 16 rows)."""
+    return max(16, AUTO_CHUNK_BYTES // (4 * vocab_size))
+
+
+@contextlib.contextmanager
+def head_scores(head: torch.nn.Linear, targets: torch.Tensor, temperature: float, chunk_size: int,
+                with_entropy: bool):
+    """While inside, `head(hidden (B, K, H))` returns the log-probs of `targets` (B, K) as (B, K, 1) instead of
+    (B, K, V) logits; the entropies (B, K) of that call, when asked for, are yielded in a one-item list.
+
+    The entropies leave by the list rather than as a second column of the output: a column that the loss
+    does not use would still send a zero gradient back and pay for the entropy's backward."""
+    entropies = []
+
+    def forward(hidden):
+        logprobs, entropy = linear_logprobs(hidden, head.weight, targets, head.bias, temperature=temperature,
+                                            chunk_size=chunk_size, with_entropy=with_entropy)
+        entropies[:] = [entropy]
+        return logprobs.unsqueeze(-1)
+
+    head.forward = forward  # an instance attribute: module hooks (ZeRO-3 gathers) still run around it
+    try:
+        yield entropies
+    finally:
+        del head.forward
+
+
+def sequence_logprobs(model, batch, temperature: float = 1.0, with_entropy: bool = False,
+                      entropy_grad: bool = False, chunk_size: int | None = None):
+    """Log-probs (B, Lr) of the response tokens under `model`, and their entropies (B, Lr) or None.
+
+    Positions follow the attention mask (left padding shifts them), exactly as `generate` numbered them.
+    Only the response positions go through the LM head (`logits_to_keep`), not the prompt's. Entropies carry
+    gradients only with `entropy_grad` (an entropy bonus); as a metric they cost no graph.
+    `chunk_size`: rows per LM-head chunk (None: about 64 MiB of logits per chunk; 0: the full-logits path).
+    """
+    if chunk_size is not None and chunk_size < 0:
+        raise ValueError(f"chunk_size must be >= 0 (0: full logits), got {chunk_size}")
+    attention_mask = batch.attention_mask
+    inputs = dict(input_ids=batch.input_ids, attention_mask=attention_mask,
+                  position_ids=(attention_mask.cumsum(dim=1) - 1).clamp(min=0), use_cache=False,
+                  logits_to_keep=batch.response_ids.shape[1] + 1)
+    head = output_head(model) if chunk_size != 0 else None
+    if head is None:
+        return _from_full_logits(model(**inputs).logits, batch.response_ids, temperature, with_entropy, entropy_grad)
+    # Position t predicts token t+1: the last kept position predicts nothing (its target is a dummy 0).
+    targets = torch.nn.functional.pad(batch.response_ids, (0, 1))
+    rows = chunk_size or auto_chunk_size(head.out_features)
+    with head_scores(head, targets, temperature, rows, with_entropy) as entropies:
+        logprobs = model(**inputs).logits[:, :-1, 0]
+    entropy = None
+    if with_entropy:
+        entropy = entropies[0][:, :-1]
+        entropy = entropy if entropy_grad and torch.is_grad_enabled() else entropy.detach()
+    return logprobs, entropy
+
+
+def _from_full_logits(logits, response_ids, temperature, with_entropy, entropy_grad):
+    logits = logits[:, :-1].float() / temperature
+    logprobs = logprobs_from_logits(logits, response_ids)
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
+    return logprobs, entropy
