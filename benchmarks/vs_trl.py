@@ -45,7 +45,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402  (after the environment above)
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, TrainerCallback  # noqa: E402
+from transformers import LlamaConfig, PreTrainedTokenizerFast, TrainerCallback  # noqa: E402
 
 # ----------------------------------------------------------------------------- settings (edit here)
 # Our fastest CPU configuration (row b). Change it here when a faster one lands.
@@ -56,6 +56,8 @@ TRL_FASTEST = {"bf16": True}  # CPU autocast to bf16: measured faster than fp32 
 MODELS = {  # tied embeddings, heads of 64 (vLLM's CPU attention rejects head_dim 16)
     "llama20m": dict(vocab=512, hidden=512, layers=6, ffn=1536),  # 20.72M parameters
     "llama12m_32k": dict(vocab=32000, hidden=256, layers=4, ffn=768),  # 11.60M parameters
+    # Qwen2.5-0.5B's shapes with random weights, for GPUs (scripts/gpu_check.sh: --model qwen05b)
+    "qwen05b": dict(vocab=151936, hidden=896, layers=24, ffn=4864, kv_heads=2, arch="qwen2"),
 }
 # Settings both trainers get in rows a, b, d (names shared by GRPOConfig and VerlConfig).
 EQUAL = dict(learning_rate=1e-5, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
@@ -110,16 +112,20 @@ def make_eos_unreachable(model, eos_id: int, channel_value: float = 0.1, eos_sca
 
 
 def build_assets(model_key: str, cache: Path) -> int:
-    """Save the row's tokenizer and randomly initialised Llama under `cache` once; return the parameter count."""
+    """Save the row's tokenizer and randomly initialised model (Llama, or Qwen2 for `arch="qwen2"`) under
+    `cache` once; return the parameter count."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
     spec = MODELS[model_key]
     tokenizer = build_tokenizer(spec["vocab"])
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=spec["vocab"], hidden_size=spec["hidden"], intermediate_size=spec["ffn"],
-                         num_hidden_layers=spec["layers"], num_attention_heads=spec["hidden"] // 64,
-                         num_key_value_heads=spec["hidden"] // 64, head_dim=64, max_position_embeddings=1024,
-                         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
-    model = LlamaForCausalLM(config)
+    config_class = Qwen2Config if spec.get("arch") == "qwen2" else LlamaConfig
+    config = config_class(vocab_size=spec["vocab"], hidden_size=spec["hidden"], intermediate_size=spec["ffn"],
+                          num_hidden_layers=spec["layers"], num_attention_heads=spec["hidden"] // 64,
+                          num_key_value_heads=spec.get("kv_heads", spec["hidden"] // 64), head_dim=64,
+                          max_position_embeddings=1024, tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    model = AutoModelForCausalLM.from_config(config)
     make_eos_unreachable(model, tokenizer.eos_token_id)
     model.generation_config.eos_token_id = tokenizer.eos_token_id  # both trainers also read this one
     model.save_pretrained(cache)
@@ -128,7 +134,9 @@ def build_assets(model_key: str, cache: Path) -> int:
 
 
 def load_assets(cache: Path):
-    return LlamaForCausalLM.from_pretrained(cache), PreTrainedTokenizerFast.from_pretrained(cache)
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(cache), PreTrainedTokenizerFast.from_pretrained(cache)
 
 
 def prompt_dataset(vocab: int, n: int = 256):
@@ -191,7 +199,7 @@ def trl_trainer(row: dict, overrides: dict, steps: int, out: str, record: dict):
     from trl import GRPOConfig, GRPOTrainer
 
     model, tokenizer = load_assets(Path(row["cache"]))
-    kwargs = dict(common_kwargs(row, steps, out), use_cpu=True,  # TRL 1.16 needs use_cpu on a CPU-only machine
+    kwargs = dict(common_kwargs(row, steps, out), use_cpu=not torch.cuda.is_available(),  # TRL needs it on a CPU
                   max_completion_length=row["response"])
     if row["equal"]:  # one optimizer step per generation round, no KL, token-mean loss
         kwargs.update(EQUAL, beta=0.0, num_iterations=1, steps_per_generation=1, loss_type="dapo")
@@ -276,7 +284,7 @@ def run_worker(side: str, row: dict, steps: int, warmup: int, threads: int, over
 def spawn(side: str, row_name: str, cache: Path, args) -> dict:
     cmd = [sys.executable, __file__, "--worker", side, "--row", row_name, "--cache_dir", str(cache),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
-    cmd += [item for s in args.set for item in ("--set", s)]
+    cmd += [item for s in args.set for item in ("--set", s)] + (["--model", args.model] if args.model else [])
     done = subprocess.run(cmd, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:
@@ -294,9 +302,8 @@ def print_row(label: str, values: dict):
     print(f"{label:<12}" + "".join(f"{values[key]:>12.{digits}f}" for _, key, digits in COLUMNS))
 
 
-def report(row_name: str, params: int, runs: list[dict], overrides: list[str]) -> bool:
+def report(row_name: str, row: dict, params: int, runs: list[dict], overrides: list[str]) -> bool:
     """Print the per-run numbers, medians and median ratios; True when both trainers did the same work."""
-    row = ROWS[row_name]
     print(f"\n=== row {row_name}: {row['model']} ({params / 1e6:.2f}M params, vocab {MODELS[row['model']]['vocab']}), "
           f"{row['prompts']} prompts x {row['generations']} = {row['prompts'] * row['generations']} completions "
           f"x {row['response']} tokens")
@@ -340,6 +347,11 @@ def parse_overrides(items: list[str], side: str) -> dict:
     return out
 
 
+def effective_row(name: str, model: str | None) -> dict:
+    """ROWS[name], on `model` instead of the row's own when `--model` is given."""
+    return dict(ROWS[name], model=model or ROWS[name]["model"])
+
+
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
@@ -350,6 +362,7 @@ def parse_args():
     parser.add_argument("--set", nargs="+", action="extend", default=[], metavar="SIDE.KEY=VALUE",
                         help="override one config field of one side (trl or ours) in every row run")
     parser.add_argument("--cache_dir", default=None, help="model/tokenizer cache (default: a temporary folder)")
+    parser.add_argument("--model", choices=list(MODELS), help="run the rows on this model instead of their own")
     parser.add_argument("--worker", choices=["trl", "verl"], help=argparse.SUPPRESS)
     parser.add_argument("--row", choices=list(ROWS), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -360,7 +373,7 @@ def parse_args():
 def main():
     args = parse_args()
     if args.worker:
-        row = dict(ROWS[args.row], cache=args.cache_dir)
+        row = dict(effective_row(args.row, args.model), cache=args.cache_dir)
         result = run_worker(args.worker, row, args.steps, args.warmup, args.threads,
                             parse_overrides(args.set, args.worker))
         print("RESULT " + json.dumps(result), flush=True)
@@ -369,15 +382,16 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.cache_dir or tmp)
         for row_name in args.rows:
-            cache = root / ROWS[row_name]["model"]
-            params = build_assets(ROWS[row_name]["model"], cache)
+            row = effective_row(row_name, args.model)
+            cache = root / row["model"]
+            params = build_assets(row["model"], cache)
             runs = []
             for pair in range(args.pairs):
                 order = ("trl", "verl") if pair % 2 == 0 else ("verl", "trl")  # ABBA: drift hits both sides
                 for side in order:
                     runs.append(spawn(side, row_name, cache, args))
                     print(f"  row {row_name} pair {pair + 1} {side}: {runs[-1]['s_per_step']:.3f} s/step", flush=True)
-            same_work &= report(row_name, params, runs, args.set)
+            same_work &= report(row_name, row, params, runs, args.set)
     if not same_work:
         raise SystemExit("MISMATCH: the two trainers did not do the same work (see above)")
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check for a single-H200 machine (the device tool): the official vLLM colocated with DeepSpeed ZeRO-3,
 # sleep mode on, a ~0.5B-parameter Llama built from a config (no download), 20 GRPO steps of the demo task.
-# Reports generation tokens/s, sync seconds and GB/s, and GPU memory; aims to finish within 8 minutes.
+# Reports generation tokens/s, sync seconds and GB/s, and GPU memory; then, where trl is installed, rows a and b
+# of benchmarks/vs_trl.py on a Qwen2.5-0.5B-shaped model. Aims to finish within 14 minutes.
 #
 #   bash scripts/gpu_check.sh            # from the repository root, on the GPU machine
 #
@@ -86,4 +87,13 @@ logs = [h for h in json.load(open(sys.argv[1])) if "time/rollout" in h]
 for key in ("rollout/tokens_per_s", "sync/seconds", "sync/gb_per_s", "reward/mean"):
     print(f"server {key:24s} {sum(h[key] for h in logs) / len(logs):.4f}")
 PYEOF
+echo "== vs TRL (benchmarks/vs_trl.py rows a and b) on a Qwen2.5-0.5B-shaped random model, if trl is installed"
+# Row a: HF generate in both, bf16. Row b: each at its fastest on a GPU, both with colocated vLLM.
+if $PY -c "import trl" 2>/dev/null; then
+    timeout 300 $PY benchmarks/vs_trl.py --rows a --model qwen05b --pairs 3 --steps 4 | grep -v "^  row" || true
+    timeout 300 $PY benchmarks/vs_trl.py --rows b --model qwen05b --pairs 2 --steps 4 \
+        --set trl.use_vllm=true trl.vllm_mode=colocate trl.vllm_gpu_memory_utilization=0.3 | grep -v "^  row" || true
+else
+    echo "trl is not installed there: skipped (pip install -c constraints.txt -e '.[bench]')"
+fi
 echo "== done in $(( $(date +%s) - START )) s"

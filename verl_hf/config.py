@@ -340,6 +340,7 @@ class VerlConfig(TrainingArguments):
         _check_names(self)
         _check_policy_loss_kwargs(self)
         _check_ranges(self)
+        _check_update_sizes(self)
         _check_batch_shape(self)
         _check_rewards(self)
         _check_safety(self)
@@ -459,12 +460,6 @@ def _check_ranges(cfg: VerlConfig) -> None:
         ("num_generations", cfg.num_generations >= 1, "must be >= 1"),
         ("eval_num_generations", cfg.eval_num_generations >= 1, "must be >= 1"),
         ("ppo_epochs", cfg.ppo_epochs >= 1, "must be >= 1"),
-        ("logits_chunk_size", cfg.logits_chunk_size is None or cfg.logits_chunk_size >= 0,
-         "must be >= 0 (0: full logits) or None (automatic)"),
-        ("max_tokens_per_micro_batch", cfg.max_tokens_per_micro_batch is None
-         or cfg.max_tokens_per_micro_batch >= cfg.max_prompt_length + cfg.max_response_length,
-         f"must be >= max_prompt_length + max_response_length = {cfg.max_prompt_length + cfg.max_response_length} "
-         f"(one whole row must fit), or None"),
         ("clip_ratio_low", cfg.clip_ratio_low is None or cfg.clip_ratio_low >= 0, "must be >= 0"),
         ("clip_ratio_high", cfg.clip_ratio_high is None or cfg.clip_ratio_high >= 0, "must be >= 0"),
         ("kl_target", cfg.kl_target > 0, "must be > 0"),
@@ -493,10 +488,6 @@ def _check_ranges(cfg: VerlConfig) -> None:
     if cfg.eval_num_generations > 1 and not cfg.eval_do_sample:
         raise ValueError(f"eval_num_generations={cfg.eval_num_generations} with greedy evaluation repeats one answer; "
                          f"set eval_do_sample=True or eval_num_generations=1.")
-    if cfg.max_tokens_per_micro_batch is not None and _wants_deepspeed(cfg):
-        raise ValueError(f"max_tokens_per_micro_batch={cfg.max_tokens_per_micro_batch} runs several backward passes "
-                         f"per micro-step, which DeepSpeed's gradient accumulation does not count yet; under "
-                         f"DeepSpeed leave it None and size per_device_train_batch_size instead.")
     if cfg.kl_coef == 0 and (cfg.use_kl_in_reward or cfg.kl_controller != "fixed"):
         raise ValueError(f"kl_coef=0 turns KL off, so use_kl_in_reward={cfg.use_kl_in_reward} / "
                          f"kl_controller={cfg.kl_controller!r} would do nothing; set kl_coef > 0 (e.g. 0.01).")
@@ -516,6 +507,22 @@ def _check_ranges(cfg: VerlConfig) -> None:
             f"adv_estimator={cfg.adv_estimator!r} compares the responses of one prompt, so it needs "
             f"num_generations >= 2 (got {cfg.num_generations}); set num_generations to 2 or more (8 is common)."
         )
+
+
+def _check_update_sizes(cfg: VerlConfig) -> None:
+    """The LM-head chunk and the token budget of the update's pieces."""
+    whole_row = cfg.max_prompt_length + cfg.max_response_length
+    _raise_first_failed(cfg, [
+        ("logits_chunk_size", cfg.logits_chunk_size is None or cfg.logits_chunk_size >= 0,
+         "must be >= 0 (0: full logits) or None (automatic)"),
+        ("max_tokens_per_micro_batch", cfg.max_tokens_per_micro_batch is None
+         or cfg.max_tokens_per_micro_batch >= whole_row,
+         f"must be >= max_prompt_length + max_response_length = {whole_row} (one whole row must fit), or None"),
+    ])
+    if cfg.max_tokens_per_micro_batch is not None and _wants_deepspeed(cfg):
+        raise ValueError(f"max_tokens_per_micro_batch={cfg.max_tokens_per_micro_batch} runs several backward passes "
+                         f"per micro-step, which DeepSpeed's gradient accumulation does not count yet; under "
+                         f"DeepSpeed leave it None and size per_device_train_batch_size instead.")
 
 
 def _check_vllm_server(cfg: VerlConfig) -> None:
