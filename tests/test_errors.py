@@ -24,7 +24,7 @@ def _config(**overrides):
         (dict(policy_loss="nope"), "valid: "),
         (dict(loss_agg_mode="mean"), "valid: seq-mean-token-mean"),
         (dict(kl_kind="k9"), "valid: abs, k1, k2, k3"),
-        (dict(rollout_engine="sglang"), "valid: hf"),
+        (dict(rollout_engine="sglang"), "valid: auto, hf"),
         (dict(temperature=0.0), "temperature=0.0 must be > 0"),
         (dict(top_p=1.5), "top_p=1.5 must be in (0, 1]"),
         (dict(clip_ratio_c=0.5), "clip_ratio_c=0.5 must be > 1"),
@@ -151,3 +151,11 @@ def test_bf16_default_follows_the_hardware_and_explicit_choices_win(monkeypatch)
 
     if not torch.cuda.is_available():
         assert _config(use_cpu=False).bf16 is False
+
+
+def test_auto_rollout_engine_resolves_to_a_named_engine():
+    import torch
+
+    expected = "hf" if not torch.cuda.is_available() else ("vllm", "hf")
+    assert _config(rollout_engine="auto").rollout_engine in expected
+    assert _config(rollout_engine="auto", vllm_server_url="http://127.0.0.1:1").rollout_engine == "vllm_server"
