@@ -2,8 +2,9 @@
 
 - Update: the trainer's `time/update` (forward, loss and backward of the policy) against the time the same
   matmuls take alone. The roofline is measured here, per dtype, on the model's own linear shapes at the
-  update's token count (B x T rows), and the update's work is 6 x matmul parameters x tokens (forward 2,
-  backward 4; attention scores are left out, which flatters nobody: they are a few percent here).
+  update's row counts (B x T tokens; the LM head only B x (response + 1)), and the update's work is 6 x the
+  matmul FLOPs of one forward's shapes (forward 2, backward 4). Attention scores are left out (a few percent
+  here), and so is any backward recompute of LM-head chunks (none at this vocabulary: one chunk is kept).
 - Generation: the trainer's generated tokens/s (`rollout/tokens_per_s`) against the same engine called alone
   on the same prompts and lengths (model.generate on a bf16 or fp32 copy with the same attention), so the
   ratio is what the trainer's rollout plumbing costs.
@@ -41,9 +42,12 @@ def matmul_seconds(shapes: list[tuple[int, int, int]], dtype: torch.dtype, reps:
     return best
 
 
-def linear_shapes(model, tokens: int) -> list[tuple[int, int, int]]:
-    """(tokens, in, out) of every nn.Linear of the model (the LM head included), one forward's matmuls."""
-    return [(tokens, m.in_features, m.out_features) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+def linear_shapes(model, tokens: int, head_rows: int) -> list[tuple[int, int, int]]:
+    """(rows, in, out) of every nn.Linear of the model, one forward's matmuls: `tokens` rows each, except the
+    LM head, which only sees the `head_rows` scored positions."""
+    head = model.get_output_embeddings()
+    return [(head_rows if m is head else tokens, m.in_features, m.out_features) for m in model.modules()
+            if isinstance(m, torch.nn.Linear)]
 
 
 def run_trainer(row: dict, steps: int) -> tuple[float, float, object]:
@@ -90,9 +94,10 @@ def main():
         update_s, trainer_tps, trainer = run_trainer(row, args.steps)
         tokens = row["prompts"] * row["generations"] * (vs_trl.PROMPT_WORDS + row["response"])
         dtype = torch.bfloat16 if trainer.args.bf16 else torch.float32
-        shapes = linear_shapes(trainer.model, tokens)
+        scored = row["prompts"] * row["generations"] * (row["response"] + 1)  # positions through the LM head
+        shapes = linear_shapes(trainer.model, tokens, scored)
         roofline_s = 3 * matmul_seconds(shapes, dtype)  # backward = 2 matmuls of the forward's shapes
-        work = 6 * sum(k * n for _, k, n in shapes) * tokens
+        work = 6 * sum(m * k * n for m, k, n in shapes)
         alone_tps = standalone_tokens_per_s(trainer, row)
     print(f"row {args.row}: {params / 1e6:.2f}M params, {tokens} tokens per update, dtype {dtype}")
     print(f"matmul roofline ({dtype}, this model's shapes): {work / roofline_s / 1e9:.0f} GFLOP/s")

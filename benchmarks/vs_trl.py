@@ -133,10 +133,11 @@ def build_assets(model_key: str, cache: Path) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def load_assets(cache: Path):
+def load_assets(cache: Path, attn_implementation: str | None = None):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(cache), PreTrainedTokenizerFast.from_pretrained(cache)
+    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    return AutoModelForCausalLM.from_pretrained(cache, **kwargs), PreTrainedTokenizerFast.from_pretrained(cache)
 
 
 def prompt_dataset(vocab: int, n: int = 256):
@@ -198,7 +199,9 @@ def common_kwargs(row: dict, steps: int, out: str) -> dict:
 def trl_trainer(row: dict, overrides: dict, steps: int, out: str, record: dict):
     from trl import GRPOConfig, GRPOTrainer
 
-    model, tokenizer = load_assets(Path(row["cache"]))
+    overrides = dict(overrides)
+    attention = overrides.pop("attn_implementation", None)  # --set trl.attn_implementation=eager: ours' choice
+    model, tokenizer = load_assets(Path(row["cache"]), attention)
     kwargs = dict(common_kwargs(row, steps, out), use_cpu=not torch.cuda.is_available(),  # TRL needs it on a CPU
                   max_completion_length=row["response"])
     if row["equal"]:  # one optimizer step per generation round, no KL, token-mean loss
@@ -307,7 +310,8 @@ def report(row_name: str, row: dict, params: int, runs: list[dict], overrides: l
     print(f"\n=== row {row_name}: {row['model']} ({params / 1e6:.2f}M params, vocab {MODELS[row['model']]['vocab']}), "
           f"{row['prompts']} prompts x {row['generations']} = {row['prompts'] * row['generations']} completions "
           f"x {row['response']} tokens")
-    base = "EQUAL settings" if row["equal"] else "each library's defaults"
+    base = ("same training settings, each trainer loading the model its own way" if row["equal"]
+            else "each library's defaults")
     print(f"    {base}; TRL {row['trl']} / ours {row['verl']}; --set {overrides or 'none'}")
     print(f"{'run':<12}" + "".join(f"{name:>12}" for name, _, _ in COLUMNS))
     medians = {}

@@ -129,6 +129,7 @@ def test_some_rewards_none_exclude_those_rows(tmp_path, warm_start_dir, addition
         (dict(max_tokens_per_micro_batch=100), "must be >= max_prompt_length + max_response_length = 768"),
         (dict(max_tokens_per_micro_batch=1000, deepspeed={"zero_optimization": {"stage": 2}}),
          "DeepSpeed's gradient accumulation"),
+        (dict(max_tokens_per_micro_batch=1000, policy_loss="clip_cov"), "picks its tokens by covariance"),
     ],
 )
 def test_config_rejects_more(overrides, message):

@@ -132,3 +132,43 @@ def test_bf16_autocast_and_bf16_weights_run_and_stay_close_to_fp32(chunk_size):
             assert result[2][name].dtype == dict(model.named_parameters())[name].dtype or result is bf16
             cos = torch.nn.functional.cosine_similarity(result[2][name].float().flatten(), grad.flatten(), dim=0)
             assert cos > 0.97, (name, float(cos))
+
+
+def test_a_head_behind_accelerate_hooks_keeps_its_hook_and_the_full_path():
+    """device_map / offload put an accelerate hook in the head's forward: the chunked swap would skip it (and
+    remove it after), so such a head is scored through the full logits and its hook still runs."""
+    from accelerate.hooks import ModelHook, add_hook_to_module
+
+    class Counting(ModelHook):
+        calls = 0
+
+        def pre_forward(self, module, *args, **kwargs):
+            Counting.calls += 1
+            return args, kwargs
+
+    model = _llama(tied=False)
+    add_hook_to_module(model.lm_head, Counting())
+    assert output_head(model) is None
+    logprobs, _ = sequence_logprobs(model, _batch(), chunk_size=2)
+    assert Counting.calls == 1 and "forward" in model.lm_head.__dict__  # the hook ran and is still in place
+    model(input_ids=torch.tensor([[1, 2, 3]]))
+    assert Counting.calls == 2
+
+
+def test_a_forward_that_bypasses_the_head_module_is_scored_correctly():
+    """A custom forward that multiplies by head.weight itself never calls the swapped head: detected (no call
+    and logits of vocabulary width came back), and scored through the full logits instead."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    class Bypass(LlamaForCausalLM):
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, logits_to_keep=0, **kwargs):
+            hidden = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                                position_ids=position_ids).last_hidden_state
+            return CausalLMOutputWithPast(logits=torch.nn.functional.linear(hidden[:, -logits_to_keep:],
+                                                                            self.lm_head.weight))
+
+    torch.manual_seed(0)
+    model = Bypass(_llama(tied=False).config)
+    chunked = sequence_logprobs(model, _batch(), 0.7, chunk_size=2)[0]
+    full = sequence_logprobs(model, _batch(), 0.7, chunk_size=0)[0]
+    torch.testing.assert_close(chunked, full)

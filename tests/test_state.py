@@ -72,3 +72,13 @@ def test_metric_buffer_means_and_timer():
     copy.load_state_dict(metrics.state_dict())
     means = copy.pooled_means(world_size=1)
     assert means["reward/mean"] == 0.5 and means["kl"] == 0.5 and not copy.values  # cleared once logged
+
+
+def test_piece_metrics_are_token_weighted_and_value_losses_summed():
+    from verl_hf.trainer import token_weighted
+
+    one = {"kl": 0.2, "critic/value_loss": 0.5}
+    assert token_weighted([(one, 500.0)]) is one
+    merged = token_weighted([({"kl": 0.2, "critic/value_loss": 0.5}, 500.0), ({"kl": 0.0, "critic/value_loss": 0.25}, 160.0)])
+    assert merged["kl"] == pytest.approx(0.2 * 500 / 660)  # the token mean, not (0.2 + 0) / 2
+    assert merged["critic/value_loss"] == pytest.approx(0.75)  # parts of one normalised loss add up

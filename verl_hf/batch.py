@@ -1,6 +1,7 @@
 """`RolloutBatch`: everything one RL step knows about its samples, in one object.
 
-Rows are completions; the rows of one prompt share a `group_ids` value and are adjacent. Fields are filled
+Rows are completions; the rows of one prompt share a `group_ids` value and are adjacent in a round (micro-batches
+are cut from rows ordered by length, where they need not be). Fields are filled
 stage by stage (rollout, rewards, reference, advantages) and the batch is then cut into micro-batches.
 
 See it work: tests/test_batch.py.

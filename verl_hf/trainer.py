@@ -28,12 +28,25 @@ from .distributed import zero_stage
 from .evaluation import evaluate_rewards
 from .roles import Actor
 from .rollout import make_rollout_engine
-from .rollout.factory import preferred_attention
 from .round import RewardStage, RoundBuilder
 from .safety import NoConstraint
 from .state import KLMeter, MetricBuffer, RoundInProgress
 from .sync import WeightSync
 from .update import PolicyUpdate, entropy_needed
+
+
+def token_weighted(parts: list[tuple[dict, float]]) -> dict[str, float]:
+    """One metrics dict from the pieces' dicts: masked means averaged with each piece's token count as weight;
+    value losses (already divided by the whole step's normaliser) summed. One piece: its dict as it is."""
+    if len(parts) == 1:
+        return parts[0][0]
+    sums, weights = {}, {}
+    for metrics, tokens in parts:
+        for key, value in metrics.items():
+            additive = key.endswith("/value_loss")
+            sums[key] = sums.get(key, 0.0) + value * (1.0 if additive else tokens)
+            weights[key] = 1.0 if additive else weights.get(key, 0.0) + tokens
+    return {key: sums[key] / weights[key] if weights[key] else 0.0 for key in sums}
 
 
 class VerlTrainer(Trainer):
@@ -77,7 +90,7 @@ class VerlTrainer(Trainer):
         train_dataset, eval_dataset = prepare_datasets(train_dataset, eval_dataset, tokenizer, args)
 
         super().__init__(
-            model=setup.load_policy(model, peft_config, preferred_attention(args)), args=args,
+            model=setup.load_policy(model, peft_config, args), args=args,
             data_collator=data_collator or keep_rows, train_dataset=train_dataset, eval_dataset=eval_dataset,
             processing_class=tokenizer, callbacks=callbacks, optimizers=optimizers, **trainer_kwargs,
         )
@@ -178,34 +191,36 @@ class VerlTrainer(Trainer):
 
     def _update(self, model, mb) -> torch.Tensor:
         """Actor loss and backward (skipped during critic warm-up), then the critics' (PPO, Safe-RLHF), once per
-        piece of at most `max_tokens_per_micro_batch` tokens; gradients are synchronised after the last piece."""
+        piece of at most `max_tokens_per_micro_batch` tokens; gradients are synchronised after the last piece,
+        and the pieces' metrics are averaged by their response tokens (as if it were one forward)."""
         started, args = time.perf_counter(), self.args
         pieces = mb.split_by_tokens(args.max_tokens_per_micro_batch) if args.max_tokens_per_micro_batch else [mb]
-        loss = torch.zeros((), device=args.device)
+        loss, parts = torch.zeros((), device=args.device), []
         step_ends = self.round_in_progress.micro_step % args.gradient_accumulation_steps == 0
         for i, piece in enumerate(pieces):
-            last = i == len(pieces) - 1
-            piece = piece.without_padding().to(args.device)
+            last, piece, metrics = i == len(pieces) - 1, piece.without_padding().to(args.device), {}
             with contextlib.nullcontext() if last else self.accelerator.no_sync(model):
                 if self.state.global_step >= args.critic_warmup_steps:
-                    loss = loss + self._actor_backward(model, piece)
+                    piece_loss, metrics = self._actor_backward(model, piece)
+                    loss = loss + piece_loss
             for critic, old_values, returns, prefix in self.critics:
-                self.metrics.record(self.policy_update.critic_step(piece, critic, old_values, returns, prefix,
-                                                                   step_ends and last))
+                metrics.update(self.policy_update.critic_step(piece, critic, old_values, returns, prefix,
+                                                              step_ends and last))
+            parts.append((metrics, float(piece.response_mask.sum())))
+        self.metrics.record(token_weighted(parts))
         self.metrics.record({"time/update": time.perf_counter() - started})
         return loss.detach()
 
-    def _actor_backward(self, model, mb) -> torch.Tensor:
+    def _actor_backward(self, model, mb) -> tuple[torch.Tensor, dict]:
         model.train()
         with self.compute_loss_context_manager():
             logprobs, entropy = self.actor.compute_logprobs(mb, model=model, with_entropy=entropy_needed(
                 self.args, self.state), entropy_grad=self.args.entropy_coef > 0)
             result = self.policy_update.actor_loss(mb, logprobs, entropy)
         self.accelerator.backward(result.loss, **({"scale_wrt_gas": False} if self.is_deepspeed_enabled else {}))
-        self.metrics.record(result.metrics)
         if result.kl_observed is not None:
             self.kl_meter.observe(*result.kl_observed, samples=self.round_in_progress.size)
-        return result.loss
+        return result.loss, result.metrics
 
     def _reduce_sum(self, values: torch.Tensor) -> torch.Tensor:
         return self.accelerator.reduce(values, reduction="sum") if self.args.world_size > 1 else values

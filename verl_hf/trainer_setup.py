@@ -123,10 +123,22 @@ def load_tokenizer(tokenizer, model):
     return tokenizer
 
 
-def load_policy(model, peft_config, attn_implementation: str | None = None):
-    """The policy from an id/path (with `attn_implementation` when given) or as passed, PEFT-wrapped if asked."""
+def load_policy(model, peft_config, args: VerlConfig):
+    """The policy from an id/path or as passed, PEFT-wrapped if asked. Loaded from a path under bf16/fp16 mixed
+    precision it gets fp32 master weights (transformers would keep a bf16 checkpoint's dtype, and AdamW steps on
+    bf16 weights round small updates away), and eager attention where it is faster
+    (rollout.factory.preferred_attention)."""
     if isinstance(model, str):
-        kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        from transformers import AutoConfig
+
+        from .rollout.factory import preferred_attention
+
+        kwargs = {}
+        attention = preferred_attention(args, AutoConfig.from_pretrained(model), training=True)
+        if attention:
+            kwargs["attn_implementation"] = attention
+        if args.bf16 or args.fp16:
+            kwargs["dtype"] = torch.float32
         model = AutoModelForCausalLM.from_pretrained(model, **kwargs)
     if not isinstance(model, (PreTrainedModel, torch.nn.Module)):
         raise TypeError(f"model must be an id, a path or a PreTrainedModel, got {type(model).__name__}.")

@@ -17,30 +17,53 @@ See it work: tests/test_scoring.py.
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import torch
 
 from ..algorithms import entropy_from_logits, logprobs_from_logits
 from ..algorithms.linear_logprobs import linear_logprobs
 
-# Config attributes under which a transformers forward changes the logits after the LM head.
-LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scaling", "lm_head_multiplier")
+# Config attributes (top level or text config) under which a transformers forward changes the logits after
+# the LM head, or slices them.
+LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scaling", "lm_head_multiplier",
+                        "output_multiplier", "unpadded_vocab_size")
+logger = logging.getLogger(__name__)
+_reported: set[str] = set()  # model classes whose full-logits fallback was logged once
 # fp32 logits held at once by the chunked path when `chunk_size` is left to us (about 64 MiB).
 AUTO_CHUNK_BYTES = 64 * 2**20
 
 
 def output_head(model) -> torch.nn.Linear | None:
     """The plain `nn.Linear` LM head of `model` (through DDP/DeepSpeed/PEFT wrappers), or None where the
-    chunked path cannot stand in for the model's own logits."""
+    chunked path cannot stand in for the model's own logits (the reason is logged once per model class)."""
     inner = model
     while hasattr(inner, "module") and isinstance(inner.module, torch.nn.Module):  # DDP, DeepSpeed engines
         inner = inner.module
-    config = getattr(inner, "config", None)
-    if any(getattr(config, name, None) not in (None, 1, 1.0) for name in LOGIT_POSTPROCESSING):
-        return None
     get_head = getattr(inner, "get_output_embeddings", None)
     head = get_head() if get_head is not None else None
-    return head if type(head) is torch.nn.Linear else None
+    reason = _why_full_logits(getattr(inner, "config", None), head)
+    if reason is None:
+        return head
+    if type(inner).__name__ not in _reported:
+        _reported.add(type(inner).__name__)
+        logger.info("log-probs of %s use the full logits (logits_chunk_size does not apply): %s",
+                    type(inner).__name__, reason)
+    return None
+
+
+def _why_full_logits(config, head) -> str | None:
+    configs = [config]
+    if config is not None and hasattr(config, "get_text_config"):
+        configs.append(config.get_text_config(decoder=True))
+    post = [name for c in configs for name in LOGIT_POSTPROCESSING if getattr(c, name, None) not in (None, 1, 1.0)]
+    if post:
+        return f"its forward changes the logits after the head ({post[0]})"
+    if type(head) is not torch.nn.Linear:
+        return f"its head is a {type(head).__name__}, not a plain nn.Linear (e.g. LoRA on lm_head)"
+    if "forward" in head.__dict__ or hasattr(head, "_hf_hook"):
+        return "its head's forward is already replaced (accelerate hooks: device_map / offload)"
+    return None
 
 
 def auto_chunk_size(vocab_size: int) -> int:
@@ -61,10 +84,12 @@ def head_scores(head: torch.nn.Linear, targets: torch.Tensor, temperature: float
     def forward(hidden):
         logprobs, entropy = linear_logprobs(hidden, head.weight, targets, head.bias, temperature=temperature,
                                             chunk_size=chunk_size, with_entropy=with_entropy)
-        entropies[:] = [entropy]
+        entropies.append(entropy)
         return logprobs.unsqueeze(-1)
 
-    head.forward = forward  # an instance attribute: module hooks (ZeRO-3 gathers) still run around it
+    # An instance attribute: hooks registered with register_forward_*_hook (ZeRO-3 gathers) still run around
+    # it. output_head refuses heads whose forward is already an instance attribute (accelerate's hooks).
+    head.forward = forward
     try:
         yield entropies
     finally:
@@ -93,7 +118,14 @@ def sequence_logprobs(model, batch, temperature: float = 1.0, with_entropy: bool
     targets = torch.nn.functional.pad(batch.response_ids, (0, 1))
     rows = chunk_size or auto_chunk_size(head.out_features)
     with head_scores(head, targets, temperature, rows, with_entropy) as entropies:
-        logprobs = model(**inputs).logits[:, :-1, 0]
+        scores = model(**inputs).logits
+    if len(entropies) != 1 or scores.shape[-1] != 1:
+        # The forward did not call its head module exactly once (a custom forward using head.weight, or
+        # several heads): what came back is not log-probs; score this model through the full logits.
+        logger.warning("%s did not call its LM head module once per forward; scoring it through the full "
+                       "logits (set logits_chunk_size=0 to skip this check)", type(model).__name__)
+        return _from_full_logits(model(**inputs).logits, batch.response_ids, temperature, with_entropy, entropy_grad)
+    logprobs = scores[:, :-1, 0]
     entropy = None
     if with_entropy:
         entropy = entropies[0][:, :-1]

@@ -43,11 +43,14 @@ def make_hf_engine(model, tokenizer, args: VerlConfig, *, zero_stage: int | None
     form = args.rollout_hf_weights
     if form == "auto":
         # Under ZeRO-3 the shared form gathers the whole model for every generate call; sampling from a copy is
-        # about 7x faster (benchmarks/sync.py). Under bf16/fp16 mixed precision the shared form would decode
-        # in the fp32 master weights; a half-precision copy decodes 1.8x faster on a bf16 CPU (0.51 vs 0.92 s
-        # for 16 x 64 tokens, 20.7M Llama) for a 3 ms copy per sync.
+        # about 7x faster (benchmarks/sync.py). On a CPU under bf16/fp16 mixed precision the shared form decodes
+        # from the fp32 master weights (autocast re-casts them every step); a half-precision copy decodes 1.2x
+        # faster (0.51 vs 0.60 s for 16 x 64 tokens, 20.7M Llama, AVX512-BF16) for a 3 ms copy per sync. Not
+        # on GPUs (memory matters more there and autocast is cheap) and not for LoRA (the copy would hold the
+        # whole base model again).
         mixed = rollout_dtype(args, model) != next(model.parameters()).dtype
-        form = "copy" if zero_stage == 3 or mixed else "shared"
+        cpu_copy = mixed and not torch.cuda.is_available() and not hasattr(model, "get_base_model") and zero_stage is None
+        form = "copy" if zero_stage == 3 or cpu_copy else "shared"
     eos = eos_token_ids(model, tokenizer)
     if form == "shared":
         if args.rollout_dtype != "auto":
@@ -55,19 +58,29 @@ def make_hf_engine(model, tokenizer, args: VerlConfig, *, zero_stage: int | None
                              f"rollout_hf_weights='copy' (or leave rollout_dtype='auto').")
         return HFSharedEngine(model, tokenizer.pad_token_id, eos)
     return HFCopyEngine.of(model, tokenizer.pad_token_id, eos, dtype=rollout_dtype(args, model), device=args.device,
-                           attn_implementation=preferred_attention(args))
+                           attn_implementation=preferred_attention(args, model.config, training=False))
 
 
-# Longest sequence (prompt + response) for which eager attention is preferred on a CPU in bf16: its (T, T)
-# scores per head stay small there, and it beats SDPA's CPU kernels, measured on a 20.7M Llama (AVX512-BF16,
-# 16 x 80 tokens): decoding 0.38 vs 0.47 s, forward + backward 0.27 vs 0.35 s; equal at 528 tokens.
-EAGER_ATTENTION_MAX_TOKENS = 1024
+# Eager attention beats SDPA's CPU kernels in bf16 at short lengths, measured on a 20.7M Llama (AVX512-BF16,
+# 16 x 80 tokens): decoding 0.38 vs 0.47 s, forward + backward 0.27 vs 0.35 s; equal at 528 tokens. It holds
+# the (rows, heads, T, T) probabilities (fp32 and bf16, 6 bytes each) that SDPA does not: for training, of
+# every layer until backward; for generation, of one layer at a time. It is chosen only while they fit here.
+EAGER_ATTENTION_BUDGET_BYTES = 2**30
 
 
-def preferred_attention(args: VerlConfig) -> str | None:
-    """'eager' for bf16 on a CPU with short sequences (faster than SDPA there); None: the model's own choice."""
-    short = args.max_prompt_length + args.max_response_length <= EAGER_ATTENTION_MAX_TOKENS
-    return "eager" if args.bf16 and short and not torch.cuda.is_available() else None
+def preferred_attention(args: VerlConfig, config, training: bool) -> str | None:
+    """'eager' for bf16 on a CPU when its attention probabilities fit EAGER_ATTENTION_BUDGET_BYTES (training:
+    all layers of one micro-batch; generation: one layer of a round); None: the model's own choice."""
+    if not args.bf16 or torch.cuda.is_available() or config is None:
+        return None
+    text = config.get_text_config(decoder=True)
+    heads, layers = getattr(text, "num_attention_heads", None), getattr(text, "num_hidden_layers", None)
+    if not heads or not layers:
+        return None
+    length = args.max_prompt_length + args.max_response_length
+    rows = args.per_device_train_batch_size if training else args.rollout_generation_batch_size
+    held = rows * heads * length**2 * 6 * (layers if training else 1)
+    return "eager" if held <= EAGER_ATTENTION_BUDGET_BYTES else None
 
 
 def rollout_dtype(args: VerlConfig, model) -> torch.dtype:
