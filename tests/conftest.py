@@ -1,4 +1,5 @@
-"""Shared fixtures: the shipped tiny warm-start model and the synthetic addition task. No network."""
+"""Shared fixtures: the shipped tiny warm-start model and the synthetic addition task; a two-process launcher
+for distributed check scripts. No network."""
 
 import os
 
@@ -51,3 +52,21 @@ def small_config(tmp_path, **overrides):
     )
     values.update(overrides)
     return VerlConfig(**values)
+
+
+def run_two_processes(script, timeout: int = 300) -> None:
+    """Run `script` under `accelerate launch` with two CPU processes (gloo) and require "rank N: ALL OK" from both."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+           str(port), str(script)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "rank 0: ALL OK" in result.stdout and "rank 1: ALL OK" in result.stdout, result.stdout[-2000:]

@@ -75,7 +75,7 @@ def test_metric_buffer_means_and_timer():
 
 
 def test_piece_metrics_are_token_weighted_and_value_losses_summed():
-    from verl_hf.trainer import token_weighted
+    from verl_hf.state import token_weighted
 
     one = {"kl": 0.2, "critic/value_loss": 0.5}
     assert token_weighted([(one, 500.0)]) is one

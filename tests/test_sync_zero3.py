@@ -4,11 +4,9 @@ copies, a failed push on the owner rank (every rank raises, none hangs), and the
 cannot receive weights. The full training runs are in
 test_distributed.py."""
 
-import os
-import socket
-import subprocess
-import sys
 import textwrap
+
+from conftest import run_two_processes
 
 SCRIPT = textwrap.dedent('''
     import os
@@ -94,13 +92,4 @@ SCRIPT = textwrap.dedent('''
 def test_sync_from_zero3_partitions_two_processes(tmp_path):
     script = tmp_path / "zero3_sync.py"
     script.write_text(SCRIPT)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-           str(port), str(script)]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "rank 0: ALL OK" in result.stdout and "rank 1: ALL OK" in result.stdout, result.stdout[-2000:]
+    run_two_processes(script)

@@ -16,6 +16,7 @@ See it work: tests/test_config.py.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -38,6 +39,7 @@ def _help(text: str) -> dict:
     return {"help": text}
 
 
+@functools.cache  # a property of the machine; every VerlConfig asks
 def bf16_is_fast() -> bool:
     """The hardware multiplies bf16 several times faster than fp32: a CUDA GPU with bf16, or a CPU with bf16
     matrix instructions (AVX512-BF16, AMX; measured on an AMD EPYC with AVX512-BF16: 1000 vs 210 GFLOP/s)."""

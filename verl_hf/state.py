@@ -3,7 +3,8 @@
 Each object says what it holds and owns its `state_dict()` / `load_state_dict()`; `checkpoint.RLCheckpoint`
 saves them by name, so a run killed in the middle of a round resumes exactly.
 
-- `MetricBuffer`: the metric values recorded since the last log, pooled over processes when logged.
+- `MetricBuffer`: the metric values recorded since the last log, pooled over processes when logged
+  (`token_weighted` merges the metrics of one micro-step's token-budget pieces into one record first).
 - `KLMeter`: the KL measured since the last KL-controller update (the controller steps once per round).
 - `RoundInProgress`: the planned micro-batches of the round being trained and the position in it.
 - `RefillStream`: dynamic sampling's own shuffled pass over the train set.
@@ -27,6 +28,20 @@ class PhaseClock:
     """The seconds a timed phase took, readable after its `with` block."""
 
     seconds: float = 0.0
+
+
+def token_weighted(parts: list[tuple[dict, float]]) -> dict[str, float]:
+    """One metrics dict from the pieces' dicts: masked means averaged with each piece's token count as weight;
+    value losses (already divided by the whole step's normaliser) summed. One piece: its dict as it is."""
+    if len(parts) == 1:
+        return parts[0][0]
+    sums, weights = {}, {}
+    for metrics, tokens in parts:
+        for key, value in metrics.items():
+            additive = key.endswith("/value_loss")
+            sums[key] = sums.get(key, 0.0) + value * (1.0 if additive else tokens)
+            weights[key] = 1.0 if additive else weights.get(key, 0.0) + tokens
+    return {key: sums[key] / weights[key] if weights[key] else 0.0 for key in sums}
 
 
 class MetricBuffer:

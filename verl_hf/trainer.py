@@ -30,23 +30,9 @@ from .roles import Actor
 from .rollout import make_rollout_engine
 from .round import RewardStage, RoundBuilder
 from .safety import NoConstraint
-from .state import KLMeter, MetricBuffer, RoundInProgress
+from .state import KLMeter, MetricBuffer, RoundInProgress, token_weighted
 from .sync import WeightSync
 from .update import PolicyUpdate, entropy_needed
-
-
-def token_weighted(parts: list[tuple[dict, float]]) -> dict[str, float]:
-    """One metrics dict from the pieces' dicts: masked means averaged with each piece's token count as weight;
-    value losses (already divided by the whole step's normaliser) summed. One piece: its dict as it is."""
-    if len(parts) == 1:
-        return parts[0][0]
-    sums, weights = {}, {}
-    for metrics, tokens in parts:
-        for key, value in metrics.items():
-            additive = key.endswith("/value_loss")
-            sums[key] = sums.get(key, 0.0) + value * (1.0 if additive else tokens)
-            weights[key] = 1.0 if additive else weights.get(key, 0.0) + tokens
-    return {key: sums[key] / weights[key] if weights[key] else 0.0 for key in sums}
 
 
 class VerlTrainer(Trainer):
