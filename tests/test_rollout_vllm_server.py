@@ -2,52 +2,26 @@
 vLLM's weight-transfer API (our gloo transport on CPU) and samples for one or two training processes."""
 
 import json
-import os
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import small_config
+from conftest import free_port as _free_port
+from conftest import small_config, vllm_server
 
 REPO = Path(__file__).resolve().parents[1]
 WARM_START = str(REPO / "verl_hf/demo/warm_start")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """The URL of a vLLM server on the demo's warm start, started by our helper (fp32 for exact log-probs)."""
-    port, log = _free_port(), tmp_path_factory.mktemp("server") / "server.log"
-    cmd = [sys.executable, "-m", "verl_hf.cli", "vllm-serve", WARM_START, "--host", "127.0.0.1", "--port", str(port),
-           "--max-model-len", "128", "--dtype", "float32"]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(240):
-            assert proc.poll() is None, log.read_text()[-4000:]
-            try:
-                urllib.request.urlopen(url + "/health", timeout=2)
-                break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            pytest.fail("the vLLM server did not start in 120 s:\n" + log.read_text()[-4000:])
+    with vllm_server(WARM_START, tmp_path_factory.mktemp("server") / "server.log") as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
 
 
 def _policy(noise: float, seed: int):

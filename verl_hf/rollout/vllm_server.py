@@ -24,8 +24,9 @@ from urllib.parse import urlparse
 import torch
 
 from .base import Rollout, RolloutEngine, SamplingConfig
-from .vllm_engine import (NO_HF_WEIGHTS, _hf_weight_names, request_seeds, rollout_from_tokens, sampling_fields,
-                          with_tied_copies)
+from ..sync.names import checkpoint_form
+from .vllm_engine import (NO_HF_WEIGHTS, hf_meta_model, hf_weight_names, request_seeds, rollout_from_tokens,
+                          sampling_fields, with_tied_copies)
 from .vllm_transfer import TrainerSender, update_info, worker_init_info
 
 START_HINT = "start one with `verl-hf vllm-serve MODEL --port PORT` (see README, Rollout engines)"
@@ -51,8 +52,21 @@ class VLLMServerEngine(RolloutEngine):
         self.dtype = getattr(torch, str(model["dtype"]).removeprefix("torch."))
         self.transport = vllm_config["weight_transfer_config"]["backend"]
         self.server_workers = parallel["world_size"] * parallel.get("data_parallel_size", 1)
-        self._names, self._tied = _hf_weight_names(config)
+        self._meta = hf_meta_model(config)
+        self._names, tied = hf_weight_names(self._meta)
+        self._tied = self._tied_copies_it_has(tied)
         self._sender, self._version = None, 0
+
+    def _tied_copies_it_has(self, tied: dict[str, str]) -> dict[str, str]:
+        """The tied copies the server's model has a parameter for (vLLM's Gemma-2 has no lm_head). A server
+        without our vLLM plugin cannot say: then every copy is sent, and vLLM names one it lacks."""
+        if not tied:
+            return tied
+        try:
+            names = self._call("POST", "/collective_rpc", {"method": "verl_hf_parameter_names"})["results"][0]
+        except RuntimeError:
+            return tied
+        return {kept: copy for kept, copy in tied.items() if copy in names}
 
     # ---------------------------------------------------------------- HTTP
     def _call(self, method: str, route: str, body: dict | None = None):
@@ -100,7 +114,7 @@ class VLLMServerEngine(RolloutEngine):
 
     def load_weights(self, named_tensors) -> None:
         """One bucket (whole layers): the server learns names, dtypes and shapes, then receives the tensors."""
-        named_tensors = with_tied_copies(named_tensors, self._tied)
+        named_tensors = checkpoint_form(self._meta, with_tied_copies(named_tensors, self._tied))
         with ThreadPoolExecutor(1) as pool:
             server_side = pool.submit(self._call, "POST", "/update_weights",
                                       {"update_info": update_info(named_tensors)})

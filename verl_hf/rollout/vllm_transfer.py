@@ -27,11 +27,16 @@ TRANSPORTS = ("nccl", GLOO_BACKEND)
 
 
 def register() -> None:
-    """vLLM plugin entry point (runs in every vLLM process): make `verl_hf_gloo` a weight-transfer backend."""
+    """vLLM plugin entry point (runs in every vLLM process): make `verl_hf_gloo` a weight-transfer backend, and
+    give the workers `verl_hf_parameter_names` (reached through the server's /collective_rpc route)."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+    from vllm.v1.worker.worker_base import WorkerBase
+
+    from .vllm_compat import parameter_names
 
     if GLOO_BACKEND not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine(GLOO_BACKEND, __name__, "GlooWeightTransferEngine")
+    WorkerBase.verl_hf_parameter_names = parameter_names
 
 
 def gloo_group(address: str, port: int, rank: int, world_size: int, timeout_s: float = 600.0):
@@ -94,6 +99,8 @@ def _worker_engine_class():
                                                        WeightTransferUpdateInfo)
     from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
+    from .vllm_compat import repack_cpu_moe
+
     @dataclass
     class GlooInitInfo(WeightTransferInitInfo):
         master_address: str
@@ -124,6 +131,7 @@ def _worker_engine_class():
 
         def finish_weight_update(self) -> None:
             finalize_layerwise_reload(self.model, self.model_config)
+            repack_cpu_moe(self.model)  # every update reloads every layer (see vllm_compat)
 
         def update_weights(self, update_info: dict) -> None:
             # The base class ends with torch.accelerator.synchronize(), which raises on CPU; gloo's wait()

