@@ -2,7 +2,8 @@
 # GPU check for a single-H200 machine (the device tool): the official vLLM colocated with DeepSpeed ZeRO-3,
 # sleep mode on, a ~0.5B-parameter Llama built from a config (no download), 20 GRPO steps of the demo task.
 # Reports generation tokens/s, sync seconds and GB/s, and GPU memory; then, where trl is installed, rows a and b
-# of benchmarks/vs_trl.py on a Qwen2.5-0.5B-shaped model. Aims to finish within 14 minutes.
+# of benchmarks/vs_trl.py on a Qwen2.5-0.5B-shaped model, and the GSM8K GRPO recipe for 30 steps. Aims to
+# finish within 14 minutes.
 #
 #   bash scripts/gpu_check.sh            # from the repository root, on the GPU machine
 #
@@ -86,6 +87,38 @@ import json, sys
 logs = [h for h in json.load(open(sys.argv[1])) if "time/rollout" in h]
 for key in ("rollout/tokens_per_s", "sync/seconds", "sync/gb_per_s", "reward/mean"):
     print(f"server {key:24s} {sum(h[key] for h in logs) / len(logs):.4f}")
+PYEOF
+echo "== the GSM8K GRPO recipe as written (examples/recipes/gsm8k/grpo.yaml), 30 steps, official vLLM"
+# No Hub here: a Qwen2.5-0.5B-shaped Qwen2 with random weights, the tests' BPE tokenizer with ChatML, and a
+# local folder with GSM8K's columns through the recipe's own prepare.py; only source, model and steps differ.
+$PY - "$OUT" <<'PYEOF'
+import json, sys, torch
+from pathlib import Path
+sys.path.insert(0, "tests")
+from architectures import build_tokenizer
+from recipe_standins import gsm8k_like
+from transformers import Qwen2Config, Qwen2ForCausalLM
+out = Path(sys.argv[1]); tok = build_tokenizer()
+config = Qwen2Config(vocab_size=len(tok), hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                     num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=2048,
+                     tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+torch.manual_seed(0)
+Qwen2ForCausalLM(config).to(torch.bfloat16).save_pretrained(out / "qwen05b"); tok.save_pretrained(out / "qwen05b")
+(out / "gsm8k_source").mkdir(exist_ok=True)
+for split, n in (("train", 2048), ("test", 256)):
+    (out / "gsm8k_source" / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in gsm8k_like(n, len(split))))
+PYEOF
+$PY examples/recipes/gsm8k/prepare.py --source "$OUT/gsm8k_source" --out "$OUT/gsm8k"
+timeout 300 $PY -m verl_hf.cli train examples/recipes/gsm8k/grpo.yaml --model_name_or_path "$OUT/qwen05b" \
+    --dataset_name "$OUT/gsm8k" --output_dir "$OUT/gsm8k_run" --max_steps 30 --gradient_accumulation_steps 4 \
+    --eval_steps 15 --per_device_eval_batch_size 256 --save_strategy no --logging_steps 5 \
+    2>&1 | tee "$OUT/gsm8k.log" | grep -E "Error|error|Traceback" | tail -20 || true
+$PY - "$OUT/gsm8k_run/log_history.json" <<'PYEOF' || echo "gsm8k recipe: no log (see $OUT/gsm8k.log)"
+import json, sys
+logs = [h for h in json.load(open(sys.argv[1])) if "time/rollout" in h]
+for key in ("reward/mean", "time/rollout", "time/sync", "time/update", "rollout/tokens_per_s"):
+    print(f"gsm8k {key:24s} {sum(h.get(key, 0) for h in logs) / len(logs):.4f}")
+print("gsm8k eval", [(h["step"], h.get("eval_accuracy")) for h in json.load(open(sys.argv[1])) if "eval_accuracy" in h])
 PYEOF
 echo "== vs TRL (benchmarks/vs_trl.py rows a and b) on a Qwen2.5-0.5B-shaped random model, if trl is installed"
 # Row a: HF generate in both, bf16. Row b: each at its fastest on a GPU, both with colocated vLLM.

@@ -88,11 +88,15 @@ def vllm_server(model_path: str, log_path, max_model_len: int = 128):
             except OSError:
                 time.sleep(0.5)
         else:
-            pytest.fail("the vLLM server did not start in 120 s:\n" + Path(log_path).read_text()[-4000:])
+            pytest.fail("the vLLM server did not answer /health within 240 tries:\n" + Path(log_path).read_text()[-4000:])
         yield url
     finally:
         proc.terminate()
-        proc.wait(timeout=60)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def run_two_processes(script, timeout: int = 300) -> None:

@@ -7,6 +7,7 @@ backend in the training process, Qwen3-MoE's experts not repacked on CPU) are fi
 verl_hf/rollout/vllm_compat.py and checked here."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,9 @@ def zoo(tmp_path_factory):
 
 
 def assert_trained_and_equal(figures: dict, name: str):
+    if os.environ.get("ARCHITECTURE_FIGURES"):  # where the README's figures come from: one JSON line per run
+        with open(os.environ["ARCHITECTURE_FIGURES"], "a") as out:
+            out.write(json.dumps(dict(figures, name=name, test=os.environ.get("PYTEST_CURRENT_TEST"))) + "\n")
     assert figures["changed"] == figures["total"], (name, figures)  # every trained weight moved in 2 steps
     assert figures["tokens"] >= 64 and figures["mean_gap"] < MEAN_LOGPROB_BOUND, (name, figures)
     assert figures["max_gap"] < 1e-3, (name, figures)
@@ -81,3 +85,8 @@ def test_moe_under_zero3_two_processes(zoo, tmp_path):
     steps = [h for h in history if "kl" in h]
     assert len(steps) == 2 and steps[0]["kl"] == pytest.approx(0.0, abs=1e-6), steps
     assert all(h["sync/gigabytes"] > 0 for h in steps), steps
+
+
+def test_moe_synced_in_small_buckets(zoo, tmp_path):
+    """Buckets of one layer each (sync_bucket_mb below a layer's size): every bucket's experts repacked."""
+    assert_trained_and_equal(colocated(zoo["qwen3_moe"], tmp_path, sync_bucket_mb=0.01), "qwen3_moe")

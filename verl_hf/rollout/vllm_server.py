@@ -18,13 +18,15 @@ import json
 import socket
 import urllib.error
 import urllib.request
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
 import torch
 
-from .base import Rollout, RolloutEngine, SamplingConfig
 from ..sync.names import checkpoint_form
+from .base import Rollout, RolloutEngine, SamplingConfig
+from .vllm_compat import tied_copies_engine_has
 from .vllm_engine import (NO_HF_WEIGHTS, hf_meta_model, hf_weight_names, request_seeds, rollout_from_tokens,
                           sampling_fields, with_tied_copies)
 from .vllm_transfer import TrainerSender, update_info, worker_init_info
@@ -58,15 +60,17 @@ class VLLMServerEngine(RolloutEngine):
         self._sender, self._version = None, 0
 
     def _tied_copies_it_has(self, tied: dict[str, str]) -> dict[str, str]:
-        """The tied copies the server's model has a parameter for (vLLM's Gemma-2 has no lm_head). A server
-        without our vLLM plugin cannot say: then every copy is sent, and vLLM names one it lacks."""
+        """The tied copies to push (vLLM's Gemma-2 has no lm_head). A server without our vLLM plugin cannot
+        list its parameters: then every copy is sent, and vLLM names any it lacks at the first sync."""
         if not tied:
             return tied
         try:
             names = self._call("POST", "/collective_rpc", {"method": "verl_hf_parameter_names"})["results"][0]
-        except RuntimeError:
+        except RuntimeError as e:
+            warnings.warn(f"The vLLM server at {self.url} did not list its parameters ({str(e)[:200]}): is verl_hf "
+                          f"installed where it runs (its vLLM plugin adds that route)? Every tied copy is sent.")
             return tied
-        return {kept: copy for kept, copy in tied.items() if copy in names}
+        return tied_copies_engine_has(tied, set(names))
 
     # ---------------------------------------------------------------- HTTP
     def _call(self, method: str, route: str, body: dict | None = None):

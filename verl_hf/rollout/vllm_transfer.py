@@ -99,7 +99,7 @@ def _worker_engine_class():
                                                        WeightTransferUpdateInfo)
     from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
-    from .vllm_compat import repack_cpu_moe
+    from .vllm_compat import check_cpu_moe_reloadable, repack_cpu_moe
 
     @dataclass
     class GlooInitInfo(WeightTransferInitInfo):
@@ -121,6 +121,7 @@ def _worker_engine_class():
         supports_draft_weight_update = False
 
         def init_transfer_engine(self, init_info) -> None:
+            check_cpu_moe_reloadable(self.model)  # before any weight arrives (see vllm_compat)
             parallel = self.parallel_config
             worker = parallel.data_parallel_index * parallel.world_size + parallel.rank
             self.group = gloo_group(init_info.master_address, init_info.master_port,
@@ -131,7 +132,7 @@ def _worker_engine_class():
 
         def finish_weight_update(self) -> None:
             finalize_layerwise_reload(self.model, self.model_config)
-            repack_cpu_moe(self.model)  # every update reloads every layer (see vllm_compat)
+            repack_cpu_moe(self.model)  # the trainer pushes every weight in every update (see vllm_compat)
 
         def update_weights(self, update_info: dict) -> None:
             # The base class ends with torch.accelerator.synchronize(), which raises on CPU; gloo's wait()

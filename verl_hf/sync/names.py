@@ -12,8 +12,10 @@ See it work: tests/test_sync.py.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 LEADING = ("module.", "_orig_mod.", "base_model.model.")
 INNER = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.", "base_layer.")

@@ -1,0 +1,56 @@
+"""Anthropic HH-RLHF prompts (the `Dahoas/full-hh-rlhf` release that verl's HybridFlow examples use) as chat
+prompts for `verl-hf train`: each `prompt` ("\\n\\nHuman: ...\\n\\nAssistant: ...\\n\\nHuman: ...\\n\\nAssistant:")
+becomes the list of its turns, ending with the last human turn, so that the policy's own chat template
+frames the conversation; the other columns are dropped (the reward comes from a reward model).
+
+    python examples/recipes/hh_rlhf/prepare.py                                  # from the Hub
+    python examples/recipes/hh_rlhf/prepare.py --source path/to/dir --out data/hh_rlhf   # local train/test
+
+`--source` is a Hub dataset id or a local folder with `train.*` and `test.*` files (jsonl, json or parquet)
+with a `prompt` column in that format; the tests run this script on such a folder (tests/test_recipes.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gsm8k.prepare import load_source  # noqa: E402  (the same local-folder / Hub loading)
+
+TURN = re.compile(r"\n\n(Human|Assistant):")
+ROLES = {"Human": "user", "Assistant": "assistant"}
+
+
+def turns(prompt: str) -> list[dict]:
+    """'\\n\\nHuman: a\\n\\nAssistant: b\\n\\nHuman: c\\n\\nAssistant:' -> user a, assistant b, user c."""
+    parts = TURN.split("\n\n" + prompt.lstrip("\n"))
+    messages = [{"role": ROLES[speaker], "content": text.strip()} for speaker, text in zip(parts[1::2], parts[2::2])]
+    if messages and messages[-1]["role"] == "assistant" and not messages[-1]["content"]:
+        messages.pop()  # the open "Assistant:" the policy answers
+    if not messages or messages[-1]["role"] != "user":
+        raise ValueError(f"an HH-RLHF prompt must end with a human turn and 'Assistant:', got: {prompt[-200:]!r}")
+    return messages
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--source", default="Dahoas/full-hh-rlhf", help="Hub id, or a folder with train.* and test.*")
+    parser.add_argument("--out", default="data/hh_rlhf", help="where to save the prompt dataset")
+    parser.add_argument("--num_test", type=int, default=500, help="test prompts kept for evaluation (0: all)")
+    args = parser.parse_args(argv)
+    raw = load_source(args.source, config=None)
+    if "prompt" not in raw["train"].column_names:
+        raise SystemExit(f"--source {args.source}: no 'prompt' column (has {raw['train'].column_names}).")
+    if args.num_test and len(raw["test"]) > args.num_test:
+        raw["test"] = raw["test"].select(range(args.num_test))
+    prompts = raw.map(lambda row: {"prompt": turns(row["prompt"])},
+                      remove_columns=[c for c in raw["train"].column_names if c != "prompt"])
+    prompts.save_to_disk(args.out)
+    print(f"{args.out}: " + ", ".join(f"{split} {len(data)} prompts" for split, data in prompts.items()))
+
+
+if __name__ == "__main__":
+    main()
