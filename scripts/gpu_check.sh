@@ -91,7 +91,7 @@ PYEOF
 echo "== the GSM8K GRPO recipe as written (examples/recipes/gsm8k/grpo.yaml), 30 steps, official vLLM"
 # No Hub here: a Qwen2.5-0.5B-shaped Qwen2 with random weights, the tests' BPE tokenizer with ChatML, and a
 # local folder with GSM8K's columns through the recipe's own prepare.py; only source, model and steps differ.
-$PY - "$OUT" <<'PYEOF'
+$PY - "$OUT" <<'PYEOF' || echo "gsm8k stand-in FAILED"
 import json, sys, torch
 from pathlib import Path
 sys.path.insert(0, "tests")
@@ -108,11 +108,11 @@ Qwen2ForCausalLM(config).to(torch.bfloat16).save_pretrained(out / "qwen05b"); to
 for split, n in (("train", 2048), ("test", 256)):
     (out / "gsm8k_source" / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in gsm8k_like(n, len(split))))
 PYEOF
-$PY examples/recipes/gsm8k/prepare.py --source "$OUT/gsm8k_source" --out "$OUT/gsm8k"
+$PY examples/recipes/gsm8k/prepare.py --source "$OUT/gsm8k_source" --out "$OUT/gsm8k" || echo "gsm8k prepare FAILED"
 timeout 300 $PY -m verl_hf.cli train examples/recipes/gsm8k/grpo.yaml --model_name_or_path "$OUT/qwen05b" \
     --dataset_name "$OUT/gsm8k" --output_dir "$OUT/gsm8k_run" --max_steps 30 --gradient_accumulation_steps 4 \
     --eval_steps 15 --per_device_eval_batch_size 256 --save_strategy no --logging_steps 5 \
-    2>&1 | tee "$OUT/gsm8k.log" | grep -E "Error|error|Traceback" | tail -20 || true
+    > "$OUT/gsm8k.log" 2>&1 || { echo "gsm8k recipe FAILED:"; grep -E "Error|Traceback" "$OUT/gsm8k.log" | tail -20; }
 $PY - "$OUT/gsm8k_run/log_history.json" <<'PYEOF' || echo "gsm8k recipe: no log (see $OUT/gsm8k.log)"
 import json, sys
 logs = [h for h in json.load(open(sys.argv[1])) if "time/rollout" in h]

@@ -24,3 +24,38 @@ def hh_like(n: int, seed: int) -> list[dict]:
             prompt = f"\n\nHuman: Hi.\n\nAssistant: Hello, how can I help?{prompt}"
         rows.append({"prompt": prompt, "response": f" {i + seed}", "chosen": f" {i + seed}", "rejected": " no"})
     return rows
+
+
+def safe_rlhf_like(n: int, seed: int) -> list[dict]:
+    """Rows with PKU-SafeRLHF's columns: a prompt (each twice, as the dataset repeats prompts over response
+    pairs), two responses and their labels."""
+    rows = []
+    for i in range(n):
+        prompt = f"How do I {'bake bread' if i % 4 < 2 else 'fix a bike'} number {i // 2 + seed}?"
+        rows.append({"prompt": prompt, "response_0": "Carefully.", "response_1": "Dangerously.",
+                     "is_response_0_safe": True, "is_response_1_safe": False, "better_response_id": 0,
+                     "safer_response_id": 0})
+    return rows
+
+
+def save_score_model(path, tokenizer, score_type: str, seed: int = 0, **config_fields) -> None:
+    """A tiny Llama score model in safe-rlhf's format (`LlamaForScore`: `model.*` + `score_head.weight`, the
+    score fields in config.json), as the Beaver reward and cost models are saved."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaModel
+
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+                         pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    state = {f"model.{k}": v for k, v in LlamaModel(config).state_dict().items()}
+    state["score_head.weight"] = torch.randn(1, config.hidden_size) * 0.1
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in state.items()}, path / "model.safetensors")
+    fields = {**config.to_dict(), "architectures": ["LlamaForScore"], "score_dim": 1, "bias": False,
+              "score_type": score_type, "do_normalize": False, **config_fields}
+    (path / "config.json").write_text(json.dumps(fields))
+    tokenizer.save_pretrained(path)

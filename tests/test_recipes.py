@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from architectures import build, build_tokenizer
-from recipe_standins import gsm8k_like, hh_like
+from recipe_standins import gsm8k_like, hh_like, safe_rlhf_like, save_score_model
 from verl_hf.cli import parse_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,7 +36,8 @@ def prepare(recipe: str, rows: dict, tmp_path_factory, stdout: str) -> str:
 
 
 def train(recipe: str, overrides: list[str], tmp_path) -> dict:
-    """`verl-hf train examples/recipes/<recipe>.yaml` with the stand-in's overrides; its summary.json."""
+    """`verl-hf train examples/recipes/<recipe>.yaml` with the stand-in's overrides; its summary.json, with
+    the log history under "history"."""
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "verl_hf.cli", "train", str(RECIPES / f"{recipe}.yaml"), "--output_dir", str(out),
            *overrides, *SIZES, *SIZES_PER_RECIPE.get(recipe, [])]
@@ -44,7 +45,7 @@ def train(recipe: str, overrides: list[str], tmp_path) -> dict:
     assert done.returncode == 0, done.stderr[-4000:]
     history = json.loads((out / "log_history.json").read_text())
     assert any("reward/mean" in h for h in history)
-    return json.loads((out / "summary.json").read_text())
+    return dict(json.loads((out / "summary.json").read_text()), history=history)
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +122,77 @@ def test_hh_rlhf_recipe_trains_on_the_stand_in(recipe, hh_prompts, tiny_qwen2, t
     summary = train(f"hh_rlhf/{recipe}", ["--model_name_or_path", tiny_qwen2, "--dataset_name", hh_prompts,
                                           "--reward_model_path", tiny_reward_model], tmp_path)
     assert summary["steps"] == 2, summary
+
+
+@pytest.fixture(scope="module")
+def beaver_like(tmp_path_factory, tiny_qwen2):
+    """Tiny reward and cost models saved in safe-rlhf's own format, converted by the recipe's script."""
+    from transformers import AutoTokenizer
+
+    tokenizer, root = AutoTokenizer.from_pretrained(tiny_qwen2), tmp_path_factory.mktemp("beaver")
+    paths = {}
+    for seed, kind in enumerate(("reward", "cost")):
+        save_score_model(root / f"{kind}_safe_rlhf", tokenizer, kind, seed=seed)
+        paths[kind] = str(root / kind)
+        cmd = [sys.executable, str(RECIPES / "safe_rlhf" / "convert_score_model.py"), str(root / f"{kind}_safe_rlhf"),
+               paths[kind]]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+    return root, paths
+
+
+def test_converted_score_model_equals_safe_rlhf_end_scores(beaver_like):
+    """safe-rlhf's end_scores: prompt + answer + EOS, score_head on the hidden state of each row's last
+    non-padding token. Right padding (as safe-rlhf pads), rows of different lengths."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, LlamaConfig, LlamaModel
+
+    root, paths = beaver_like
+    source = root / "reward_safe_rlhf"
+    tokenizer = AutoTokenizer.from_pretrained(paths["reward"])
+    tokenizer.padding_side = "right"
+    assert tokenizer("x")["input_ids"][-1] == tokenizer.eos_token_id  # the converted tokenizer appends EOS
+    assert AutoTokenizer.from_pretrained(source)("x")["input_ids"][-1] != tokenizer.eos_token_id
+    enc = tokenizer(["BEGINNING OF CONVERSATION: USER: hi ASSISTANT: hello there", "short"], return_tensors="pt",
+                    padding=True)
+    assert enc["attention_mask"][1, -1] == 0  # the short row really is padded on the right
+    weights = load_file(source / "model.safetensors")
+    backbone = LlamaModel(LlamaConfig.from_pretrained(source))
+    backbone.load_state_dict({k.removeprefix("model."): v for k, v in weights.items() if k.startswith("model.")})
+    with torch.no_grad():
+        hidden = backbone(**enc).last_hidden_state
+        last = torch.tensor([m.nonzero()[-1].item() for m in enc["attention_mask"]])
+        expected = hidden[torch.arange(2), last] @ weights["score_head.weight"].T
+        converted = AutoModelForSequenceClassification.from_pretrained(paths["reward"])
+        got = converted(**enc).logits
+    assert torch.allclose(got, expected, atol=1e-5), (got, expected)
+
+
+@pytest.mark.parametrize("fields, said", [({"do_normalize": True}, "do_normalize is on"),
+                                          ({"bias": True}, "a sequence-classification head has one output and no bias"),
+                                          ({"model_type": "gpt2"}, "this converter handles Llama score models")])
+def test_score_model_conversion_refuses_what_it_cannot_keep(tmp_path, tiny_qwen2, fields, said):
+    from transformers import AutoTokenizer
+
+    save_score_model(tmp_path / "model", AutoTokenizer.from_pretrained(tiny_qwen2), "reward", **fields)
+    cmd = [sys.executable, str(RECIPES / "safe_rlhf" / "convert_score_model.py"), str(tmp_path / "model"),
+           str(tmp_path / "out")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and said in done.stderr, done.stderr[-2000:]
+
+
+def test_safe_rlhf_recipe_trains_on_the_stand_in(beaver_like, tmp_path_factory, tmp_path):
+    prompts = prepare("safe_rlhf", {"train": safe_rlhf_like(32, 0), "test": safe_rlhf_like(8, 1)}, tmp_path_factory,
+                      "train 16 prompts, test 4 prompts")  # duplicates dropped
+    policy = build("llama", tmp_path_factory.mktemp("alpaca_like"), build_tokenizer())  # Alpaca-7B is a Llama
+    _, paths = beaver_like
+    summary = train("safe_rlhf/ppo_lagrangian", ["--model_name_or_path", policy, "--dataset_name", prompts,
+                                                 "--reward_model_path", paths["reward"],
+                                                 "--cost_model_path", paths["cost"]], tmp_path)
+    assert summary["steps"] == 2, summary
+    logged = [h for h in summary["history"] if "cost/mean" in h]
+    assert len(logged) == 2 and all("safety/lambda" in h for h in logged), logged
 
 
 @pytest.mark.parametrize("path", sorted(RECIPES.glob("*/*.yaml")), ids=lambda p: f"{p.parent.name}/{p.stem}")

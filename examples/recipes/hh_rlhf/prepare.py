@@ -1,7 +1,8 @@
 """Anthropic HH-RLHF prompts (the `Dahoas/full-hh-rlhf` release that verl's HybridFlow examples use) as chat
 prompts for `verl-hf train`: each `prompt` ("\\n\\nHuman: ...\\n\\nAssistant: ...\\n\\nHuman: ...\\n\\nAssistant:")
 becomes the list of its turns, ending with the last human turn, so that the policy's own chat template
-frames the conversation; the other columns are dropped (the reward comes from a reward model).
+frames the conversation; the other columns are dropped (the reward comes from a reward model), and so are
+duplicate prompts and rows in another format (counted).
 
     python examples/recipes/hh_rlhf/prepare.py                                  # from the Hub
     python examples/recipes/hh_rlhf/prepare.py --source path/to/dir --out data/hh_rlhf   # local train/test
@@ -35,19 +36,36 @@ def turns(prompt: str) -> list[dict]:
     return messages
 
 
+def conversations(data):
+    """The split's distinct prompts as chat turns; rows not in the Human/Assistant format are dropped and
+    counted (printed), not fatal."""
+    from datasets import Dataset
+
+    kept, dropped = {}, 0
+    for text in data["prompt"]:
+        try:
+            kept.setdefault((text or "").strip(), turns(text or ""))
+        except ValueError:
+            dropped += 1
+    if dropped:
+        print(f"dropped {dropped} of {len(data)} prompts not in the Human/Assistant format")
+    return Dataset.from_dict({"prompt": list(kept.values())})
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--source", default="Dahoas/full-hh-rlhf", help="Hub id, or a folder with train.* and test.*")
     parser.add_argument("--out", default="data/hh_rlhf", help="where to save the prompt dataset")
     parser.add_argument("--num_test", type=int, default=500, help="test prompts kept for evaluation (0: all)")
     args = parser.parse_args(argv)
+    from datasets import DatasetDict
+
     raw = load_source(args.source, config=None)
     if "prompt" not in raw["train"].column_names:
         raise SystemExit(f"--source {args.source}: no 'prompt' column (has {raw['train'].column_names}).")
     if args.num_test and len(raw["test"]) > args.num_test:
         raw["test"] = raw["test"].select(range(args.num_test))
-    prompts = raw.map(lambda row: {"prompt": turns(row["prompt"])},
-                      remove_columns=[c for c in raw["train"].column_names if c != "prompt"])
+    prompts = DatasetDict({split: conversations(data) for split, data in raw.items()})
     prompts.save_to_disk(args.out)
     print(f"{args.out}: " + ", ".join(f"{split} {len(data)} prompts" for split, data in prompts.items()))
 
