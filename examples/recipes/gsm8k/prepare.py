@@ -13,48 +13,25 @@ then names.
 
 from __future__ import annotations
 
-import argparse
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from prompt_data import arguments, load_source, save  # noqa: E402  (what every recipe's prepare.py shares)
 
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 COLUMNS = ("question", "answer")
 
 
-def load_source(source: str, config: str | None = "main"):
-    """The raw train/test splits, from a local folder of files or from the Hub (dataset config `config`)."""
-    from datasets import load_dataset
-
-    folder = Path(source)
-    if not folder.is_dir():
-        return load_dataset(source, config)
-    files = {}
-    for split in ("train", "test"):
-        found = sorted(p for p in folder.glob(f"{split}.*") if p.suffix in (".jsonl", ".json", ".parquet"))
-        if not found:
-            raise SystemExit(f"--source {source}: no {split}.jsonl, {split}.json or {split}.parquet in it.")
-        files[split] = str(found[0])
-    kind = "parquet" if files["train"].endswith(".parquet") else "json"
-    return load_dataset(kind, data_files=files)
-
-
 def to_prompts(raw):
     """question -> `prompt` (chat messages with the instruction); `answer` kept; other columns dropped."""
-    for split, data in raw.items():
-        missing = [c for c in COLUMNS if c not in data.column_names]
-        if missing:
-            raise SystemExit(f"split {split!r} lacks the column(s) {missing}; GSM8K has {list(COLUMNS)}.")
     return raw.map(lambda row: {"prompt": [{"role": "user", "content": f"{row['question']} {INSTRUCTION}"}]},
                    remove_columns=[c for c in raw["train"].column_names if c != "answer"])
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--source", default="openai/gsm8k", help="Hub id, or a folder with train.* and test.*")
-    parser.add_argument("--out", default="data/gsm8k", help="where to save the prompt dataset")
-    args = parser.parse_args(argv)
-    prompts = to_prompts(load_source(args.source))
-    prompts.save_to_disk(args.out)
-    print(f"{args.out}: " + ", ".join(f"{split} {len(data)} prompts" for split, data in prompts.items()))
+    args = arguments(__doc__, "openai/gsm8k", "data/gsm8k", argv, num_test=False)
+    save(to_prompts(load_source(args.source, "main", COLUMNS)), args.out)
 
 
 if __name__ == "__main__":

@@ -13,13 +13,12 @@ with a `prompt` column in that format; the tests run this script on such a folde
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gsm8k.prepare import load_source  # noqa: E402  (the same local-folder / Hub loading)
+from prompt_data import arguments, load_source, save  # noqa: E402  (what every recipe's prepare.py shares)
 
 TURN = re.compile(r"\n\n(Human|Assistant):")
 ROLES = {"Human": "user", "Assistant": "assistant"}
@@ -53,21 +52,13 @@ def conversations(data):
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--source", default="Dahoas/full-hh-rlhf", help="Hub id, or a folder with train.* and test.*")
-    parser.add_argument("--out", default="data/hh_rlhf", help="where to save the prompt dataset")
-    parser.add_argument("--num_test", type=int, default=500, help="test prompts kept for evaluation (0: all)")
-    args = parser.parse_args(argv)
+    args = arguments(__doc__, "Dahoas/full-hh-rlhf", "data/hh_rlhf", argv)
     from datasets import DatasetDict
 
-    raw = load_source(args.source, config=None)
-    if "prompt" not in raw["train"].column_names:
-        raise SystemExit(f"--source {args.source}: no 'prompt' column (has {raw['train'].column_names}).")
+    raw = load_source(args.source, columns=("prompt",))
     if args.num_test and len(raw["test"]) > args.num_test:
         raw["test"] = raw["test"].select(range(args.num_test))
-    prompts = DatasetDict({split: conversations(data) for split, data in raw.items()})
-    prompts.save_to_disk(args.out)
-    print(f"{args.out}: " + ", ".join(f"{split} {len(data)} prompts" for split, data in prompts.items()))
+    save(DatasetDict({split: conversations(data) for split, data in raw.items()}), args.out)
 
 
 if __name__ == "__main__":

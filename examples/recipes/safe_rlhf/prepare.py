@@ -14,13 +14,12 @@ with a `prompt` column; the tests run this script on such a folder (tests/test_r
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gsm8k.prepare import load_source  # noqa: E402  (the same local-folder / Hub loading)
+from prompt_data import arguments, load_source, save  # noqa: E402  (what every recipe's prepare.py shares)
 
 TEMPLATE = "BEGINNING OF CONVERSATION: USER: {prompt} ASSISTANT:"
 
@@ -32,24 +31,16 @@ def unique_prompts(data, exclude=frozenset()) -> list[str]:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--source", default="PKU-Alignment/PKU-SafeRLHF", help="Hub id, or a folder with train.* and test.*")
-    parser.add_argument("--out", default="data/safe_rlhf", help="where to save the prompt dataset")
-    parser.add_argument("--num_test", type=int, default=500, help="test prompts kept for evaluation (0: all)")
-    args = parser.parse_args(argv)
+    args = arguments(__doc__, "PKU-Alignment/PKU-SafeRLHF", "data/safe_rlhf", argv)
     from datasets import Dataset, DatasetDict
 
-    raw = load_source(args.source, config=None)
-    if "prompt" not in raw["train"].column_names:
-        raise SystemExit(f"--source {args.source}: no 'prompt' column (has {raw['train'].column_names}).")
+    raw = load_source(args.source, columns=("prompt",))
     test = unique_prompts(raw["test"])
     if args.num_test and len(test) > args.num_test:
         test = random.Random(0).sample(test, args.num_test)
     train = unique_prompts(raw["train"], exclude=set(test))  # no evaluation prompt is trained on
-    prompts = DatasetDict({split: Dataset.from_dict({"prompt": [TEMPLATE.format(prompt=p) for p in texts]})
-                           for split, texts in (("train", train), ("test", test))})
-    prompts.save_to_disk(args.out)
-    print(f"{args.out}: " + ", ".join(f"{split} {len(data)} prompts" for split, data in prompts.items()))
+    save(DatasetDict({split: Dataset.from_dict({"prompt": [TEMPLATE.format(prompt=p) for p in texts]})
+                      for split, texts in (("train", train), ("test", test))}), args.out)
 
 
 if __name__ == "__main__":
