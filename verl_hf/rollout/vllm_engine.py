@@ -84,7 +84,7 @@ class VLLMEngine(RolloutEngine):
                               vllm.SamplingParams(max_tokens=1, temperature=0.0, detokenize=False), use_tqdm=False)
         except (ValueError, RuntimeError, NotImplementedError) as e:
             raise _explained(e, config, max_model_len, kv_cache_memory_bytes) from e
-        self._tied = tied_copies_engine_has(tied, set(self.llm.collective_rpc(parameter_names)[0]))
+        self._tied = tied_copies_engine_has(tied, set(self.llm.collective_rpc(parameter_names)[0])) if tied else {}
         self.llm.collective_rpc(check_cpu_moe_reloadable_in_worker)
         self._tp_group = _tensor_parallel_group(tensor_parallel_size) if tensor_parallel_size > 1 else None
 
@@ -106,11 +106,12 @@ class VLLMEngine(RolloutEngine):
     def load_weights(self, named_tensors) -> None:
         """One bucket of (HF name, tensor), sent in the checkpoint's layout; buckets hold whole layers (vLLM
         fuses weights within a layer)."""
-        named_tensors = checkpoint_form(self._meta, with_tied_copies(named_tensors, self._tied))
+        named_tensors = vllm_bucket(self._meta, named_tensors, self._tied)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
-        names = [name for name, _ in named_tensors]
-        repacked = self.llm.collective_rpc(repack_cpu_moe_in_worker, args=(layer_prefixes(names),))
-        check_repacked(names, [m for worker in repacked for m in worker], on_cpu=not torch.cuda.is_available())
+        if not torch.cuda.is_available():  # only vLLM's CPU MoE kernels skip their repack on reload
+            names = [name for name, _ in named_tensors]
+            repacked = self.llm.collective_rpc(repack_cpu_moe_in_worker, args=(layer_prefixes(names),))
+            check_repacked(names, [m for worker in repacked for m in worker], on_cpu=True)
 
     def finish_sync(self) -> None:
         if self.asleep:
@@ -143,6 +144,11 @@ class VLLMEngine(RolloutEngine):
 
 NO_HF_WEIGHTS = ("vLLM keeps fused weights (qkv_proj, gate_up_proj): sync_verify compares HF names and needs "
                  "rollout_engine='hf'; check vLLM by its log-probs instead.")
+
+
+def vllm_bucket(meta_model, named_tensors, tied: dict[str, str]) -> list:
+    """One bucket as both vLLM engines load it: the tied copies added, in the checkpoint's layout."""
+    return checkpoint_form(meta_model, with_tied_copies(named_tensors, tied))
 
 
 def with_tied_copies(named_tensors, tied: dict[str, str]) -> list:

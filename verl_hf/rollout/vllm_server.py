@@ -24,11 +24,10 @@ from urllib.parse import urlparse
 
 import torch
 
-from ..sync.names import checkpoint_form
 from .base import Rollout, RolloutEngine, SamplingConfig
 from .vllm_compat import tied_copies_engine_has
 from .vllm_engine import (NO_HF_WEIGHTS, hf_meta_model, hf_weight_names, request_seeds, rollout_from_tokens,
-                          sampling_fields, with_tied_copies)
+                          sampling_fields, vllm_bucket)
 from .vllm_transfer import TrainerSender, update_info, worker_init_info
 
 START_HINT = "start one with `verl-hf vllm-serve MODEL --port PORT` (see README, Rollout engines)"
@@ -118,7 +117,7 @@ class VLLMServerEngine(RolloutEngine):
 
     def load_weights(self, named_tensors) -> None:
         """One bucket (whole layers): the server learns names, dtypes and shapes, then receives the tensors."""
-        named_tensors = checkpoint_form(self._meta, with_tied_copies(named_tensors, self._tied))
+        named_tensors = vllm_bucket(self._meta, named_tensors, self._tied)
         with ThreadPoolExecutor(1) as pool:
             server_side = pool.submit(self._call, "POST", "/update_weights",
                                       {"update_info": update_info(named_tensors)})
