@@ -2,8 +2,8 @@
 # GPU check for a single-H200 machine (the device tool): the official vLLM colocated with DeepSpeed ZeRO-3,
 # sleep mode on, a ~0.5B-parameter Llama built from a config (no download), 20 GRPO steps of the demo task.
 # Reports generation tokens/s, sync seconds and GB/s, and GPU memory; then, where trl is installed, rows a and b
-# of benchmarks/vs_trl.py on a Qwen2.5-0.5B-shaped model, and the GSM8K GRPO recipe for 30 steps. Aims to
-# finish within 14 minutes.
+# of benchmarks/vs_trl.py on a Qwen2.5-0.5B-shaped model, the GSM8K GRPO recipe for 30 steps, and MoE routing
+# replay through vLLM's routed experts. Aims to finish within 14 minutes.
 #
 #   bash scripts/gpu_check.sh            # from the repository root, on the GPU machine
 #
@@ -119,6 +119,22 @@ logs = [h for h in json.load(open(sys.argv[1])) if "time/rollout" in h]
 for key in ("reward/mean", "time/rollout", "time/sync", "time/update", "rollout/tokens_per_s"):
     print(f"gsm8k {key:24s} {sum(h.get(key, 0) for h in logs) / len(logs):.4f}")
 print("gsm8k eval", [(h["step"], h.get("eval_accuracy")) for h in json.load(open(sys.argv[1])) if "eval_accuracy" in h])
+PYEOF
+echo "== MoE routing replay (R3) through colocated vLLM: the tests' tiny Qwen3-MoE, 2 GRPO steps on the GPU"
+# vLLM returns routed experts only with its GPU model runner, so this path runs nowhere else.
+timeout 150 $PY - "$OUT" <<'PYEOF' || echo "routing replay FAILED"
+import json, sys
+from pathlib import Path
+sys.path.insert(0, "tests")
+from architectures import build, build_tokenizer, check
+out = Path(sys.argv[1])
+path = build("qwen3_moe", out / "moe", build_tokenizer())
+figures = check(path, out / "moe_run", rollout_engine="vllm", routing_replay=True, use_cpu=False)
+keys = ("changed", "total", "mean_gap", "max_gap", "logged_k1", "replay_agreement")
+print("routing replay", json.dumps({k: figures[k] for k in keys}))
+# Misaligned routes (a position or a layer off) would show as an agreement far below 1.
+assert figures["replay_agreement"] and min(figures["replay_agreement"]) > 0.9, figures["replay_agreement"]
+assert figures["max_gap"] < 1e-3, figures["max_gap"]
 PYEOF
 echo "== vs TRL (benchmarks/vs_trl.py rows a and b) on a Qwen2.5-0.5B-shaped random model, if trl is installed"
 # Row a: HF generate in both, bf16. Row b: each at its fastest on a GPU, both with colocated vLLM.

@@ -57,10 +57,10 @@ def build(name: str, directory: Path, tokenizer) -> str:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     model_type, extra = ARCHITECTURES[name]
-    config = AutoConfig.for_model(
-        model_type, vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=256,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None, **extra)
+    common = dict(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=256,
+                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    config = AutoConfig.for_model(model_type, **{**common, **extra})
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     path = directory / name
@@ -122,9 +122,11 @@ def check(path: str, out_dir: Path, lora_targets: list[str] | None = None, **ove
     model = trainer.accelerator.unwrap_model(trainer.model)
     with torch.no_grad():
         same = torch.equal(model(ids).logits, reloaded(ids).logits)
-    logged = [h["rollout_is/mismatch_k1"] for h in trainer.state.log_history if "rollout_is/mismatch_k1" in h]
+    history = trainer.state.log_history
+    logged = [h["rollout_is/mismatch_k1"] for h in history if "rollout_is/mismatch_k1" in h]
+    agreement = [h["moe/replay_agreement"] for h in history if "moe/replay_agreement" in h]  # routing_replay
     return dict(changed=changed, total=len(before), mean_gap=gap.mean().item(), max_gap=gap.max().item(),
-                tokens=int(mask.sum()), reload_identical=same, logged_k1=logged)
+                tokens=int(mask.sum()), reload_identical=same, logged_k1=logged, replay_agreement=agreement)
 
 
 def write(figures: dict, path: Path) -> None:

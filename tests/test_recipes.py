@@ -189,10 +189,30 @@ def test_safe_rlhf_recipe_trains_on_the_stand_in(beaver_like, tmp_path_factory, 
     _, paths = beaver_like
     summary = train("safe_rlhf/ppo_lagrangian", ["--model_name_or_path", policy, "--dataset_name", prompts,
                                                  "--reward_model_path", paths["reward"],
+                                                 "--critic_model_path", paths["reward"],
                                                  "--cost_model_path", paths["cost"]], tmp_path)
     assert summary["steps"] == 2, summary
     logged = [h for h in summary["history"] if "cost/mean" in h]
     assert len(logged) == 2 and all("safety/lambda" in h for h in logged), logged
+
+
+def test_reward_critic_starts_from_the_reward_model(beaver_like, tiny_qwen2, tmp_path):
+    """critic_model_path: the critic is the converted reward model, its score head included (Safe-RLHF)."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForSequenceClassification
+
+    from conftest import small_config
+    from verl_hf import VerlTrainer
+
+    _, paths = beaver_like
+    args = small_config(tmp_path, adv_estimator="gae", critic_model_path=paths["reward"], max_steps=1,
+                        reward_funcs=None, reward_weights=None, reward_model_path=[paths["reward"]])
+    trainer = VerlTrainer(model=tiny_qwen2, args=args, train_dataset=Dataset.from_list([{"prompt": "1+1="}] * 8))
+    reward = AutoModelForSequenceClassification.from_pretrained(paths["reward"])
+    assert torch.equal(trainer.critic.model.score.weight, reward.score.weight)
+    with pytest.raises(ValueError, match="critic_model_path=.*trains no critic"):
+        small_config(tmp_path, critic_model_path=paths["reward"])  # GRPO: no critic to start
 
 
 @pytest.mark.parametrize("path", sorted(RECIPES.glob("*/*.yaml")), ids=lambda p: f"{p.parent.name}/{p.stem}")

@@ -30,6 +30,9 @@ class RolloutBatch:
     columns: dict[str, list] = field(default_factory=dict)
     # Filled by later stages.
     rollout_logprobs: torch.Tensor | None = None  # (B, Lr) from the engine, when it reports them
+    # MoE routing replay (verl_hf/routing.py): int16 expert ids per token and MoE layer, -1 = route live.
+    prompt_routes: torch.Tensor | None = None  # (B, Lp, L, k)
+    response_routes: torch.Tensor | None = None  # (B, Lr, L, k)
     old_logprobs: torch.Tensor | None = None  # (B, Lr) actor before the update; None = on-policy (use detached)
     ref_logprobs: torch.Tensor | None = None  # (B, Lr)
     values: torch.Tensor | None = None  # (B, Lr) critic values at rollout time (PPO)
@@ -90,7 +93,8 @@ class RolloutBatch:
         if first == 0 and end == self.response_ids.shape[1]:
             return self
         updates = {name: getattr(self, name)[:, :end] for name in TOKEN_FIELDS if getattr(self, name) is not None}
-        return replace(self, prompt_ids=self.prompt_ids[:, first:], prompt_mask=self.prompt_mask[:, first:], **updates)
+        updates.update({name: getattr(self, name)[:, first:] for name in PROMPT_FIELDS if getattr(self, name) is not None})
+        return replace(self, **updates)
 
     def split_by_tokens(self, max_tokens: int) -> list["RolloutBatch"]:
         """Consecutive pieces, each as many rows as fit in `max_tokens` once padded to the piece's own longest
@@ -116,9 +120,12 @@ class RolloutBatch:
         return replace(self, **moved)
 
 
-# Fields shaped (B, Lr): padded on the right when batches are joined.
+# Fields shaped (B, Lr, ...): padded on the right when batches are joined; (B, Lp, ...): on the left.
 TOKEN_FIELDS = ("response_ids", "response_mask", "rollout_logprobs", "old_logprobs", "ref_logprobs", "values",
-                "token_level_rewards", "advantages", "returns", "cost_values", "cost_returns")
+                "token_level_rewards", "advantages", "returns", "cost_values", "cost_returns", "response_routes")
+PROMPT_FIELDS = ("prompt_ids", "prompt_mask", "prompt_routes")
+# What joined batches are padded with, where it is not 0 (pad ids; routes: -1, route live).
+PAD_VALUES = {"response_routes": -1, "prompt_routes": -1}
 
 
 def concat_batches(batches: list[RolloutBatch], pad_token_id: int) -> RolloutBatch:
@@ -128,7 +135,8 @@ def concat_batches(batches: list[RolloutBatch], pad_token_id: int) -> RolloutBat
     """
     prompt_width = max(b.prompt_ids.shape[1] for b in batches)
     response_width = max(b.response_ids.shape[1] for b in batches)
-    pads = {"prompt_ids": (prompt_width, "left", pad_token_id), "prompt_mask": (prompt_width, "left", 0)}
+    pads = {name: (prompt_width, "left", PAD_VALUES.get(name, 0)) for name in PROMPT_FIELDS}
+    pads["prompt_ids"] = (prompt_width, "left", pad_token_id)
     merged, offset = {}, 0
     for f in fields(RolloutBatch):
         values = [getattr(b, f.name) for b in batches]
@@ -136,7 +144,8 @@ def concat_batches(batches: list[RolloutBatch], pad_token_id: int) -> RolloutBat
             continue
         if isinstance(values[0], torch.Tensor):
             if f.name in pads or f.name in TOKEN_FIELDS:
-                width, side, fill = pads.get(f.name, (response_width, "right", pad_token_id if f.name == "response_ids" else 0))
+                fill = pad_token_id if f.name == "response_ids" else PAD_VALUES.get(f.name, 0)
+                width, side, fill = pads.get(f.name, (response_width, "right", fill))
                 values = [_pad(v, width, side, fill) for v in values]
             if f.name == "group_ids":
                 shifted = []
@@ -156,7 +165,7 @@ def _pad(t: torch.Tensor, width: int, side: str, fill) -> torch.Tensor:
     extra = width - t.shape[1]
     if extra == 0:
         return t
-    pad = torch.full((t.shape[0], extra), fill, dtype=t.dtype, device=t.device)
+    pad = torch.full((t.shape[0], extra, *t.shape[2:]), fill, dtype=t.dtype, device=t.device)
     return torch.cat([pad, t] if side == "left" else [t, pad], dim=1)
 
 

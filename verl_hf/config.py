@@ -129,6 +129,13 @@ class VerlConfig(TrainingArguments):
                        "then do not depend on batch composition or the number of processes (HF engine: Gumbel-max "
                        "sampling, a little slower)."),
     )
+    routing_replay: bool = field(
+        default=False,
+        metadata=_help("Mixture-of-experts policies: record the experts the engine routed each token to and replay "
+                       "them in every training forward of the policy (rollout routing replay, R3); the chosen experts' "
+                       "weights still come from the live router. HF engine; colocated vLLM on a GPU. Logs "
+                       "moe/replay_agreement, the share of choices the trainer's own router would have made too."),
+    )
     rollout_tensor_parallel_size: int = field(
         default=1, metadata=_help("vLLM: processes (consecutive ranks) that shard one engine; must divide the world size.")
     )
@@ -333,6 +340,12 @@ class VerlConfig(TrainingArguments):
     lam: float = field(default=0.95, metadata=_help("GAE lambda (PPO)."))
 
     # ----- critic (PPO: adv_estimator="gae") -----
+    critic_model_path: str | None = field(
+        default=None,
+        metadata=_help("Checkpoint the critic starts from: a causal LM (a fresh value head is added) or a one-output "
+                       "sequence-classification model, e.g. the reward model, as Safe-RLHF starts its reward critic. "
+                       "Default: the policy's checkpoint."),
+    )
     critic_learning_rate: float = field(default=1e-5, metadata=_help("The critic's own AdamW learning rate."))
     cliprange_value: float = field(default=0.5, metadata=_help("Value clipping around the rollout-time values."))
     critic_warmup_steps: int = field(
@@ -513,6 +526,8 @@ def _check_ranges(cfg: VerlConfig) -> None:
         ("gamma", 0 <= cfg.gamma <= 1, "must be in [0, 1]"),
         ("lam", 0 <= cfg.lam <= 1, "must be in [0, 1]"),
         ("critic_learning_rate", cfg.critic_learning_rate > 0, "must be > 0"),
+        ("critic_model_path", cfg.critic_model_path is None or advantage_spec(cfg.adv_estimator).needs_values,
+         f"is set, but adv_estimator={cfg.adv_estimator!r} trains no critic; set adv_estimator='gae' or drop it"),
         ("critic_warmup_steps", cfg.critic_warmup_steps >= 0, "must be >= 0"),
         ("overlong_buffer_len", 0 <= cfg.overlong_buffer_len < cfg.max_response_length,
          "must be in [0, max_response_length)"),
@@ -538,6 +553,7 @@ def _check_ranges(cfg: VerlConfig) -> None:
         raise ValueError("vllm_sleep_level needs a GPU (vLLM's sleep mode is CUDA/ROCm/XPU only); set "
                          "vllm_sleep_level=0 on this machine.")
     _check_vllm_server(cfg)
+    _check_routing_replay(cfg)
     if cfg.rollout_engine.startswith("vllm") and cfg.sync_verify:
         raise ValueError("sync_verify compares weights by HF name, but vLLM keeps fused weights; use it with "
                          "rollout_engine='hf' (vLLM is checked by its log-probs, tests/test_rollout_vllm.py).")
@@ -592,6 +608,19 @@ def _check_vllm_server(cfg: VerlConfig) -> None:
                              f"--help`): leave {name} at its default.")
     if cfg.vllm_server_timeout_s <= 0:
         raise ValueError(f"vllm_server_timeout_s={cfg.vllm_server_timeout_s} must be > 0.")
+
+
+def _check_routing_replay(cfg: VerlConfig) -> None:
+    """routing_replay needs an engine that returns each token's experts (whether the model is an MoE is
+    checked once it is loaded, before any engine starts)."""
+    if not cfg.routing_replay:
+        return
+    if cfg.rollout_engine == "vllm_server":
+        raise ValueError("routing_replay needs each token's experts from the engine, and the vLLM server engine does "
+                         "not return them yet; use rollout_engine='vllm' (colocated, GPU) or 'hf'.")
+    if cfg.rollout_engine == "vllm" and not _has_gpu():
+        raise ValueError("routing_replay with rollout_engine='vllm' needs vLLM's routed-experts capture, which vLLM "
+                         "runs only with its GPU model runner (V2, Triton); on this machine use rollout_engine='hf'.")
 
 
 def _check_batch_shape(cfg: VerlConfig) -> None:

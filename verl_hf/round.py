@@ -31,7 +31,8 @@ def sampling_kwargs(args, train: bool) -> dict:
     """Sampling arguments of `Actor.generate_sequences` for training rollouts or evaluation."""
     return dict(max_new_tokens=args.max_response_length, temperature=args.temperature, top_p=args.top_p,
                 top_k=args.top_k, num_return_sequences=args.num_generations if train else args.eval_num_generations,
-                do_sample=True if train else args.eval_do_sample, return_logprobs=train and args.rollout_is is not None)
+                do_sample=True if train else args.eval_do_sample, return_logprobs=train and args.rollout_is is not None,
+                return_routes=train and args.routing_replay)
 
 
 class RewardStage:
@@ -183,7 +184,8 @@ class RoundBuilder:
         with self.metrics.timer("baseline"):
             greedy = self.actor.generate_sequences(
                 prompt_ids=[r["prompt_ids"] for r in rows], rows=rows,
-                **{**sampling_kwargs(self.args, train=True), "num_return_sequences": 1, "do_sample": False})
+                **{**sampling_kwargs(self.args, train=True), "num_return_sequences": 1, "do_sample": False,
+                   "return_routes": False})
             baseline = self.rewards.rewards(greedy)[0]
         position = {g: k for k, g in enumerate(firsts.group_ids.tolist())}
         batch.reward_baselines = baseline[[position[g] for g in batch.group_ids.tolist()]]
@@ -205,6 +207,7 @@ class RoundBuilder:
         if updates_per_round > 1 or (args.use_kl_in_reward and batch.ref_logprobs is not None):
             with self.metrics.timer("old_logprobs"), self.precision():
                 batch.old_logprobs = self.actor.get_logprobs(batch, args.per_device_train_batch_size)
+            self.metrics.record(self.actor.routing_metrics())  # this pass's replay agreement, if replayed
         return batch
 
     def add_values(self, batch: RolloutBatch) -> RolloutBatch:

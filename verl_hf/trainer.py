@@ -13,6 +13,7 @@ See it work: tests/test_trainer_e2e.py, tests/test_algorithms_e2e.py, examples/s
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 
@@ -29,6 +30,7 @@ from .evaluation import evaluate_rewards
 from .roles import Actor
 from .rollout import make_rollout_engine
 from .round import RewardStage, RoundBuilder
+from .routing import moe_routers
 from .safety import NoConstraint
 from .state import KLMeter, MetricBuffer, RoundInProgress, token_weighted
 from .sync import WeightSync
@@ -80,13 +82,16 @@ class VerlTrainer(Trainer):
             data_collator=data_collator or keep_rows, train_dataset=train_dataset, eval_dataset=eval_dataset,
             processing_class=tokenizer, callbacks=callbacks, optimizers=optimizers, **trainer_kwargs,
         )
+        if args.routing_replay:
+            moe_routers(self.model)  # not an MoE model, or unknown routers: said before any engine starts
         engine = make_rollout_engine(self.model, tokenizer, args, zero_stage=zero_stage(self.accelerator))
         self.actor = Actor(self.model, tokenizer, engine=engine, temperature=args.temperature,
-                           weight_sync=WeightSync.from_config(args, engine), logits_chunk_size=args.logits_chunk_size)
+                           weight_sync=WeightSync.from_config(args, engine), logits_chunk_size=args.logits_chunk_size,
+                           routing_replay=args.routing_replay)
         self.add_callback(_EngineWeightsChanged(self.actor))
         setup.place_reward_models(self, self.reward_funcs)
         self.ref_policy = setup.make_reference(self, ref_policy, args) if args.kl_coef > 0 else None
-        self.critic = setup.make_critic(critic, model, args, trainer=self)
+        self.critic = setup.make_critic(setup.reward_critic_start(critic, args), model, args, trainer=self)
         self.constraint = setup.make_safety(self, model, args) or NoConstraint()  # Safe-RLHF: costs, lambda
         self.kl_ctrl = setup.make_kl_ctrl(args)
         self._build_rl_parts()
@@ -164,7 +169,10 @@ class VerlTrainer(Trainer):
 
     def _start_round(self, planned) -> None:
         progress = self.round_in_progress
-        progress.micro_batches, progress.last_round, progress.size = planned.micro_batches, planned.batch, len(planned.batch)
+        # The round kept for callbacks without its MoE routes: only the micro-batches replay them, so the
+        # routes (rows x tokens x layers x k) are held, and checkpointed, once.
+        last_round = dataclasses.replace(planned.batch, prompt_routes=None, response_routes=None)
+        progress.micro_batches, progress.last_round, progress.size = planned.micro_batches, last_round, len(planned.batch)
         if planned.kl_in_reward is not None:
             self.kl_meter.observe(*planned.kl_in_reward)
 
@@ -199,14 +207,15 @@ class VerlTrainer(Trainer):
 
     def _actor_backward(self, model, mb) -> tuple[torch.Tensor, dict]:
         model.train()
-        with self.compute_loss_context_manager():
-            logprobs, entropy = self.actor.compute_logprobs(mb, model=model, with_entropy=entropy_needed(
-                self.args, self.state), entropy_grad=self.args.entropy_coef > 0)
-            result = self.policy_update.actor_loss(mb, logprobs, entropy)
-        self.accelerator.backward(result.loss, **({"scale_wrt_gas": False} if self.is_deepspeed_enabled else {}))
+        with self.actor.replaying(mb):  # MoE routing replay, backward included (gradient checkpointing)
+            with self.compute_loss_context_manager():
+                logprobs, entropy = self.actor.compute_logprobs(mb, model=model, with_entropy=entropy_needed(
+                    self.args, self.state), entropy_grad=self.args.entropy_coef > 0)
+                result = self.policy_update.actor_loss(mb, logprobs, entropy)
+            self.accelerator.backward(result.loss, **({"scale_wrt_gas": False} if self.is_deepspeed_enabled else {}))
         if result.kl_observed is not None:
             self.kl_meter.observe(*result.kl_observed, samples=self.round_in_progress.size)
-        return result.loss, result.metrics
+        return result.loss, {**result.metrics, **self.actor.routing_metrics()}
 
     def _reduce_sum(self, values: torch.Tensor) -> torch.Tensor:
         return self.accelerator.reduce(values, reduction="sum") if self.args.world_size > 1 else values

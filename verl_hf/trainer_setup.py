@@ -78,6 +78,15 @@ def make_safety(trainer, policy, args: VerlConfig):
     return SafetyConstraint(cost_funcs, args, cost_critic)
 
 
+def reward_critic_start(critic, args: VerlConfig):
+    """Where the (reward) critic starts: `critic=` (a Critic, a model or a path), else critic_model_path, else
+    None (the policy's checkpoint)."""
+    if critic is not None and args.critic_model_path:
+        raise ValueError(f"critic= and critic_model_path={args.critic_model_path!r} both say where the critic starts; "
+                         f"give one.")
+    return critic if critic is not None else args.critic_model_path
+
+
 def cost_critic_start(args: VerlConfig) -> str | None:
     """Where the cost critic starts: the cost model itself when it has one output (as Safe-RLHF does: it already
     judges costs), else the policy's checkpoint (None)."""

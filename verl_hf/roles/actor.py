@@ -14,11 +14,14 @@ See it work: tests/test_roles.py, examples/custom_loop_ppo.py.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ..batch import RolloutBatch
 from ..distributed import is_zero3
 from ..rollout import HFSharedEngine, RolloutEngine, SamplingConfig, eos_token_ids
+from ..routing import RoutingReplay
 from .base import TrainableRole, score_in_chunks
 from .scoring import sequence_logprobs
 
@@ -36,11 +39,13 @@ class Actor(TrainableRole):
 
     def __init__(self, model, tokenizer=None, engine: RolloutEngine | None = None, temperature: float = 1.0,
                  learning_rate: float = 1e-5, max_grad_norm: float | None = 1.0, weight_sync=None,
-                 logits_chunk_size: int | None = None):
+                 logits_chunk_size: int | None = None, routing_replay: bool = False):
         """`logits_chunk_size`: tokens per LM-head chunk for log-probs (None: about 64 MiB of logits; 0: the
         full-logits path). `engine`: the rollout engine (default: `HFSharedEngine`, HF generate on `model` itself). An engine
         with its own weights (`engine.receives_weights`) is refreshed by `weight_sync` before the first generation
-        and after every `step()` (default `WeightSync()`; from process 0 alone for an engine `shared_by_processes`)."""
+        and after every `step()` (default `WeightSync()`; from process 0 alone for an engine `shared_by_processes`).
+        `routing_replay` (MoE policies): the engine records each token's experts and every training forward over
+        those responses routes them the same way (verl_hf/routing.py)."""
         super().__init__(model, tokenizer, learning_rate=learning_rate, max_grad_norm=max_grad_norm)
         if tokenizer is None:
             raise ValueError("Actor needs a tokenizer: Actor(model, tokenizer=...) or Actor.from_pretrained(path).")
@@ -61,6 +66,7 @@ class Actor(TrainableRole):
                              f"is sharded by DeepSpeed ZeRO-3: it would sample from stale weights. Use an engine "
                              f"with load_weights (receives_weights=True) or HFSharedEngine on the policy itself.")
         self._engine_stale = self.weight_sync is not None
+        self.routing = self._routing_replay(model) if routing_replay else None
         disable_dropout(model)
 
     # ---------------------------------------------------------------- sampling
@@ -68,22 +74,26 @@ class Actor(TrainableRole):
                            max_new_tokens: int | None = None, num_return_sequences: int = 1, temperature: float | None = None,
                            top_k: int = 0, top_p: float = 1.0, do_sample: bool = True, seed: int | None = None,
                            return_logprobs: bool = True, rows: list[dict] | None = None,
-                           row_seeds: list[int] | None = None) -> RolloutBatch:
+                           row_seeds: list[int] | None = None, return_routes: bool | None = None) -> RolloutBatch:
         """Sample `num_return_sequences` responses per prompt (rows of one prompt are adjacent).
 
         Prompts come as one of: a batch from `RLHFDataset.dataloader` (its dataset rows travel along for the
         reward functions), a list of strings, `prompt_ids` (lists of token ids), or padded `input_ids` with
         `attention_mask`. Sampling uses the actor's temperature unless `temperature` is given. `max_new_tokens`
         defaults to the batch's `max_response_length` (RLHFDataset), else 128. `row_seeds` (one per prompt)
-        make each prompt's samples independent of the rest of the batch.
+        make each prompt's samples independent of the rest of the batch. `return_routes` (default: with
+        routing replay) records the MoE experts of every token, for replay.
         """
         ids, rows = self._prompt_ids(prompts, prompt_ids, input_ids, attention_mask, rows)
+        if return_routes and not self.engine.returns_routes:
+            raise ValueError(f"return_routes=True, but {type(self.engine).__name__} does not record MoE routes.")
         if max_new_tokens is None:
             max_new_tokens = (prompts.get("max_response_length") if isinstance(prompts, dict) else None) or 128
         params = SamplingConfig(
             max_new_tokens=max_new_tokens, num_return_sequences=num_return_sequences, do_sample=do_sample,
             temperature=self.temperature if temperature is None else temperature, top_p=top_p, top_k=top_k,
             seed=seed, return_logprobs=return_logprobs, row_seeds=tuple(row_seeds) if row_seeds is not None else None,
+            return_routes=self.routing is not None if return_routes is None else return_routes,
         )
         if self._engine_stale:
             self.sync_weights()
@@ -94,6 +104,7 @@ class Actor(TrainableRole):
         return RolloutBatch(
             prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, response_ids=out.response_ids,
             response_mask=out.response_mask, truncated=out.truncated, rollout_logprobs=out.logprobs,
+            prompt_routes=out.prompt_routes, response_routes=out.response_routes,
             group_ids=torch.arange(len(ids), device=out.response_ids.device).repeat_interleave(n),
             prompts=[row.get("prompt", self.tokenizer.decode(p)) for row, p in zip(rows, ids) for _ in range(n)],
             completions=self.tokenizer.batch_decode(out.response_ids, skip_special_tokens=True),
@@ -151,4 +162,24 @@ class Actor(TrainableRole):
         return self._logprobs(model, sequences.to(self.device), with_entropy, entropy_grad)
 
     def _logprobs(self, model, batch, with_entropy: bool = False, entropy_grad: bool = False):
-        return sequence_logprobs(model, batch, self.temperature, with_entropy, entropy_grad, self.logits_chunk_size)
+        with self.replaying(batch):
+            return sequence_logprobs(model, batch, self.temperature, with_entropy, entropy_grad, self.logits_chunk_size)
+
+    # ---------------------------------------------------------------- MoE routing replay
+    def replaying(self, batch: RolloutBatch):
+        """A context inside which forwards over `batch` route its tokens as the engine did (nothing without
+        routing replay or routes). Wrap the backward too when gradient checkpointing is on."""
+        if self.routing is None:
+            return contextlib.nullcontext()
+        return self.routing.replaying(batch.prompt_routes, batch.response_routes)
+
+    def routing_metrics(self) -> dict[str, float]:
+        """`moe/replay_agreement` since the last call: how often the live router chose the replayed experts."""
+        return self.routing.take_metrics() if self.routing is not None else {}
+
+    def _routing_replay(self, model) -> RoutingReplay:
+        if not self.engine.returns_routes:
+            raise ValueError(f"routing_replay needs an engine that records each token's experts; "
+                             f"{type(self.engine).__name__} does not (the HF engine does; colocated vLLM on a GPU "
+                             f"does with vLLM's enable_return_routed_experts). Set routing_replay=False.")
+        return RoutingReplay(model)

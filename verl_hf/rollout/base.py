@@ -33,6 +33,8 @@ class SamplingConfig:
     # One seed per prompt: its samples then depend on (seed, sample index) only, not on the rest of the batch
     # or the number of processes (vLLM: SamplingParams.seed per request).
     row_seeds: tuple[int, ...] | None = None
+    # MoE routing replay: the experts each forward chose, per token (engines with `returns_routes`).
+    return_routes: bool = False
 
 
 @dataclass
@@ -41,6 +43,8 @@ class Rollout:
 
     prompt_ids (B, Lp) left-padded, prompt_mask (B, Lp), response_ids (B, Lr) right-padded with pad_token_id,
     response_mask (B, Lr), truncated (B,) bool, logprobs (B, Lr) sampling log-probs or None.
+    prompt_routes (B, Lp, L, k) / response_routes (B, Lr, L, k): int16 expert ids each token was routed to
+    in each MoE layer (verl_hf/routing.py; -1: none recorded), when sampled with `return_routes`.
     """
 
     prompt_ids: torch.Tensor
@@ -49,6 +53,8 @@ class Rollout:
     response_mask: torch.Tensor
     truncated: torch.Tensor
     logprobs: torch.Tensor | None = None
+    prompt_routes: torch.Tensor | None = None
+    response_routes: torch.Tensor | None = None
 
 
 class RolloutEngine(abc.ABC):
@@ -66,6 +72,9 @@ class RolloutEngine(abc.ABC):
 
     shared_by_processes: bool = False
     """True: one engine serves every training process (e.g. a vLLM server); process 0 alone pushes weights."""
+
+    returns_routes: bool = False
+    """True: `generate` with `return_routes` fills the Rollout's MoE routes (for routing replay)."""
 
     dtype: torch.dtype | None = None
     """The dtype the sync casts weights to before `load_weights`; None pushes them in the training dtype."""

@@ -112,7 +112,7 @@ def make_vllm_engine(model, tokenizer, args: VerlConfig) -> RolloutEngine:
         max_model_len=args.vllm_max_model_len or args.max_prompt_length + args.max_response_length,
         gpu_memory_utilization=args.vllm_gpu_memory_utilization,
         kv_cache_memory_bytes=kv_mb * 2**20 if kv_mb else None, tensor_parallel_size=tp,
-        distributed=args.world_size > 1, sleep_level=args.vllm_sleep_level,
+        distributed=args.world_size > 1, sleep_level=args.vllm_sleep_level, return_routes=args.routing_replay,
     )
 
 

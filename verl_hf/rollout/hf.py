@@ -13,12 +13,14 @@ See it work: tests/test_rollout_hf.py, tests/test_sync.py.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 
 import torch
 
 from ..distributed import whole_model
+from ..routing import generation_routes, recorded_routes
 from .base import Rollout, RolloutEngine, SamplingConfig, left_pad, mask_after_eos
 
 
@@ -31,6 +33,8 @@ UNNEUTRALISABLE = ("bad_words_ids", "suppress_tokens", "begin_suppress_tokens", 
 
 class HFEngine(RolloutEngine):
     """`generate` with transformers on `self.model`, the part both HF forms share."""
+
+    returns_routes = True  # an MoE model's routers are recorded while it generates (verl_hf/routing.py)
 
     def __init__(self, model, pad_token_id: int, eos_token_ids: list[int]):
         self.model = model
@@ -78,7 +82,8 @@ class HFEngine(RolloutEngine):
         was_training = self.model.training
         self.model.eval()
         try:
-            with whole_model(self.model):
+            routes = recorded_routes(self.model) if params.return_routes else contextlib.nullcontext()
+            with whole_model(self.model), routes as forwards:
                 out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
                                           logits_processor=processors or None)
         finally:
@@ -88,10 +93,14 @@ class HFEngine(RolloutEngine):
             response = torch.full((out.shape[0], 1), self.pad_token_id, dtype=torch.long, device=device)
         response, response_mask, truncated = mask_after_eos(response, self.eos_token_ids, self.pad_token_id)
         logprobs = recorder.finish(out[:, -1:], response.shape[1]) * response_mask if recorder else None
-        return Rollout(
+        rollout = Rollout(
             prompt_ids=ids.repeat_interleave(n, dim=0), prompt_mask=mask.repeat_interleave(n, dim=0),
             response_ids=response, response_mask=response_mask, truncated=truncated, logprobs=logprobs,
         )
+        if forwards is not None:
+            rollout.prompt_routes, rollout.response_routes = generation_routes(
+                forwards, rollout.prompt_mask, response_mask)
+        return rollout
 
     def _generation_config(self, params: SamplingConfig):
         from transformers import GenerationConfig

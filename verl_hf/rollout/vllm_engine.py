@@ -16,6 +16,7 @@ import tempfile
 
 import torch
 
+from ..routing import moe_routers, route_shape, routes_from_vllm
 from ..sync.names import checkpoint_form
 from .base import Rollout, RolloutEngine, SamplingConfig, left_pad, mask_after_eos
 from .vllm_compat import (check_cpu_moe_reloadable_in_worker, check_repacked, layer_prefixes, parameter_names,
@@ -41,10 +42,12 @@ class VLLMEngine(RolloutEngine):
     def __init__(self, config, pad_token_id: int, eos_token_ids: list[int], *, max_model_len: int,
                  dtype: torch.dtype = torch.float32, seed: int = 0, gpu_memory_utilization: float = 0.3,
                  kv_cache_memory_bytes: int | None = None, tensor_parallel_size: int = 1,
-                 distributed: bool = False, enforce_eager: bool = True, sleep_level: int = 0):
+                 distributed: bool = False, enforce_eager: bool = True, sleep_level: int = 0,
+                 return_routes: bool = False):
         """`config`: the policy's HF config. `distributed`: one engine per process under torchrun/accelerate
         (vLLM's external_launcher). `sleep_level` 1 or 2 (GPU only): `sleep()` frees the engine's memory for
-        the update (1: weights offloaded, KV cache dropped; 2: both dropped), the next sync wakes it."""
+        the update (1: weights offloaded, KV cache dropped; 2: both dropped), the next sync wakes it.
+        `return_routes` (MoE, GPU): vLLM records each token's experts for routing replay."""
         limit = getattr(config, "max_position_embeddings", None)
         if limit is not None and max_model_len > limit:
             raise ValueError(f"vllm_max_model_len={max_model_len} (default max_prompt_length + max_response_length) "
@@ -71,19 +74,32 @@ class VLLMEngine(RolloutEngine):
             kwargs["enable_chunked_prefill"] = False
         if sleep_level:
             kwargs["enable_sleep_mode"] = True
+        if return_routes:
+            kwargs.update(routes_capture_fields())
+            # vLLM captures routes only in its V2 model runner (GPU); without this it may fall back to V1 with a
+            # warning. Not on CPU, where it cannot run and later engines of this process would inherit it.
+            if torch.cuda.is_available():
+                os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
+        self.returns_routes = return_routes
         self.sleep_level, self.asleep = sleep_level, False
         # The HF layout first: vLLM's Transformers backend changes the HF classes while it builds its model.
         self._meta = hf_meta_model(config)
         self._names, tied = hf_weight_names(self._meta)
+        self._route_slots = route_shape(moe_routers(self._meta))[0] if return_routes else 0
         try:
             with transformers_classes_kept(self._meta, eager=enforce_eager):
                 self.llm = vllm.LLM(**kwargs)
             # vLLM's CPU attention checks the head size only at the first forward pass: one warm-up token (every
             # rank, so tensor-parallel groups stay in step) surfaces it now, before any training.
-            self.llm.generate([vllm.inputs.TokensPrompt(prompt_token_ids=[0])],
-                              vllm.SamplingParams(max_tokens=1, temperature=0.0, detokenize=False), use_tqdm=False)
+            warm = self.llm.generate([vllm.inputs.TokensPrompt(prompt_token_ids=[0])],
+                                     vllm.SamplingParams(max_tokens=1, temperature=0.0, detokenize=False),
+                                     use_tqdm=False)
         except (ValueError, RuntimeError, NotImplementedError) as e:
             raise _explained(e, config, max_model_len, kv_cache_memory_bytes) from e
+        if return_routes and warm[0].outputs[0].routed_experts is None:
+            raise RuntimeError("routing_replay: vLLM started but returns no routed experts (it captures them only in "
+                               "its V2 model runner: VLLM_USE_V2_MODEL_RUNNER=1, GPU with Triton); set "
+                               "routing_replay=False or rollout_engine='hf'.")
         self._tied = tied_copies_engine_has(tied, set(self.llm.collective_rpc(parameter_names)[0])) if tied else {}
         self.llm.collective_rpc(check_cpu_moe_reloadable_in_worker)
         self._tp_group = _tensor_parallel_group(tensor_parallel_size) if tensor_parallel_size > 1 else None
@@ -138,8 +154,12 @@ class VLLMEngine(RolloutEngine):
         completions = [c for out in outputs[own[0] : own[1]] for c in out.outputs]
         logprobs = ([[step[token].logprob for step, token in zip(c.logprobs, c.token_ids)] for c in completions]
                     if params.return_logprobs else None)
-        return rollout_from_tokens(prompt_ids[own[0] : own[1]], [list(c.token_ids) for c in completions], logprobs,
-                                   n, self.pad_token_id, self.eos_token_ids)
+        rollout = rollout_from_tokens(prompt_ids[own[0] : own[1]], [list(c.token_ids) for c in completions],
+                                      logprobs, n, self.pad_token_id, self.eos_token_ids)
+        if params.return_routes and self.returns_routes:
+            rollout.prompt_routes, rollout.response_routes = routes_from_vllm(
+                [c.routed_experts for c in completions], rollout, self._route_slots)
+        return rollout
 
 
 NO_HF_WEIGHTS = ("vLLM keeps fused weights (qkv_proj, gate_up_proj): sync_verify compares HF names and needs "
@@ -216,6 +236,14 @@ def hf_weight_names(model: torch.nn.Module) -> tuple[list[str], dict[str, str]]:
     return list(first.values()), tied
 
 
+def routes_capture_fields() -> dict:
+    """vLLM's settings for returning each token's experts (CompletionOutput.routed_experts). Prefix caching is
+    off: vLLM 0.32 keeps the routes of cached blocks by block hash, and whether those are renewed after the
+    prefix-cache reset that follows every weight sync has not been measured (it needs a GPU); a prefill per
+    sample is the safe price until it is."""
+    return dict(enable_return_routed_experts=True, enable_prefix_caching=False)
+
+
 def _explained(error: Exception, config, max_model_len: int, kv_bytes: int | None) -> Exception:
     """vLLM's start-up error with the VerlConfig field that fixes it."""
     said = str(error)
@@ -229,6 +257,10 @@ def _explained(error: Exception, config, max_model_len: int, kv_bytes: int | Non
         head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         return ValueError(f"vLLM's attention backend rejects head size {head} (the CPU backend needs e.g. 64 or "
                           f"128); use rollout_engine='hf' for this model. vLLM said: {said}")
+    if "model runner v2" in lowered:
+        return ValueError(f"routing_replay needs vLLM's routed experts, which only its V2 model runner returns, and "
+                          f"vLLM cannot run it here; set routing_replay=False or use rollout_engine='hf'. "
+                          f"vLLM said: {said}")
     if "architecture" in lowered and "not supported" in lowered:
         return ValueError(f"vLLM does not support {getattr(config, 'architectures', None)}; use rollout_engine='hf'. "
                           f"vLLM said: {said}")
