@@ -1,4 +1,4 @@
-"""Reward functions that are async, and ones that raise."""
+"""Reward functions that are async, ones that raise, and ones that never return (time limits)."""
 
 import asyncio
 
@@ -99,3 +99,82 @@ def test_failure_of_the_batch_call_only_is_raised_with_a_note():
 def test_bad_on_error_value():
     with pytest.raises(ValueError, match="reward_on_error='skip' must be one of"):
         _score([("r", lambda **kw: [1.0] * 4)], on_error="skip")
+
+
+# ---------------------------------------------------------------- time limits (reward_timeout_s)
+def _hangs_on_two(prompts, completions, completion_ids, answer):
+    import time
+
+    if 2 in answer:
+        time.sleep(3600)  # a request that never returns
+    return [1.0] * len(answer)
+
+
+async def _async_hangs_on_two(prompts, completions, completion_ids, answer):
+    if 2 in answer:
+        await asyncio.sleep(3600)
+    return [1.0] * len(answer)
+
+
+async def _blocks_the_loop_on_two(prompts, completions, completion_ids, answer):
+    import time
+
+    if 2 in answer:
+        time.sleep(3)  # blocking code inside `async def`: the loop itself stops
+    return [1.0] * len(answer)
+
+
+def _spins_and_swallows(prompts, completions, completion_ids, answer):
+    while True:  # a busy loop whose own `except Exception` would swallow an ordinary exception
+        try:
+            sum(range(1000))
+        except Exception:  # noqa: BLE001
+            pass
+
+
+@pytest.mark.parametrize("func", [_hangs_on_two, _async_hangs_on_two, _blocks_the_loop_on_two],
+                         ids=["sync", "async", "async-blocking"])
+def test_a_function_that_never_returns_is_stopped_and_names_the_sample(func):
+    import time
+
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"'judge' timed out on sample 2 of 4 \(1 fail; prompt 'p2'\): "
+                                           r"RewardTimeout: 'judge' did not return within reward_timeout_s=0.5"):
+        _score([("judge", func)], timeout_s=0.5)
+    assert time.monotonic() - start < 5  # the batch call, then the samples within one more limit (+ grace)
+    start = time.monotonic()
+    result = _score([("judge", func)], timeout_s=0.5, on_error="zero")
+    assert result.rewards.tolist() == [1.0, 1.0, 0.0, 1.0] and result.metrics()["reward/judge/errors"] == 1.0
+    assert time.monotonic() - start < 5
+
+
+def test_a_busy_loop_that_swallows_exceptions_is_stopped():
+    with pytest.raises(RuntimeError, match="timed out on sample 0 of 4"):
+        _score([("spin", _spins_and_swallows)], timeout_s=0.3)
+
+
+def test_no_limit_and_a_fast_function_leave_nothing_behind():
+    import signal
+    import threading
+
+    before = signal.getsignal(signal.SIGUSR2), threading.active_count()
+    assert _score([("ok", lambda **kw: [1.0] * 4)], timeout_s=5.0).rewards.tolist() == [1.0] * 4
+    assert (signal.getsignal(signal.SIGUSR2), threading.active_count()) == before
+    assert _score([("ok", lambda **kw: [1.0] * 4)], timeout_s=None).rewards.tolist() == [1.0] * 4
+
+
+def test_off_the_main_thread_the_call_is_abandoned_at_the_limit():
+    import threading
+
+    caught = []
+
+    def train():
+        try:
+            _score([("judge", _hangs_on_two)], timeout_s=0.3)
+        except RuntimeError as error:
+            caught.append(str(error))
+
+    worker = threading.Thread(target=train)
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive() and caught and "its thread is left running" in caught[0]

@@ -206,6 +206,12 @@ class VerlConfig(TrainingArguments):
         metadata=_help("A reward function that raises: 'raise' = stop with the function's name and the failing "
                        "sample's index; 'zero' = score those samples 0 and count them (reward/<name>/errors)."),
     )
+    reward_timeout_s: float | None = field(
+        default=300.0,
+        metadata=_help("Seconds one call of a reward or cost function may take (a sync one is interrupted, an async "
+                       "one cancelled); past it the call fails as if it had raised, and reward_on_error applies "
+                       "(costs always stop). None: no limit."),
+    )
     reward_weights: list[float] | None = field(
         default=None, metadata=_help("One weight per reward function (default 1.0 each).")
     )
@@ -526,6 +532,7 @@ def _check_ranges(cfg: VerlConfig) -> None:
         ("gamma", 0 <= cfg.gamma <= 1, "must be in [0, 1]"),
         ("lam", 0 <= cfg.lam <= 1, "must be in [0, 1]"),
         ("critic_learning_rate", cfg.critic_learning_rate > 0, "must be > 0"),
+        ("reward_timeout_s", cfg.reward_timeout_s is None or cfg.reward_timeout_s > 0, "must be > 0 (None: no limit)"),
         ("critic_model_path", cfg.critic_model_path is None or advantage_spec(cfg.adv_estimator).needs_values,
          f"is set, but adv_estimator={cfg.adv_estimator!r} trains no critic; set adv_estimator='gae' or drop it"),
         ("critic_warmup_steps", cfg.critic_warmup_steps >= 0, "must be >= 0"),

@@ -45,7 +45,7 @@ class RewardStage:
         """The functions' `RewardResult` for a batch."""
         return score_completions(self.funcs, self.weights, prompts=batch.prompts, completions=batch.completions,
                                  completion_ids=batch.completion_ids(), columns=batch.columns,
-                                 on_error=self.args.reward_on_error)
+                                 on_error=self.args.reward_on_error, timeout_s=self.args.reward_timeout_s)
 
     def rewards(self, batch: RolloutBatch):
         """(rewards (B,) with shaping, the functions' RewardResult, overlong penalty (B,))."""

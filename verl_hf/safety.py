@@ -82,7 +82,7 @@ class SafetyConstraint:
         that raises always stops training (reward_on_error does not apply): a failed check must not read as safe."""
         result = score_completions(self.cost_funcs, None, prompts=prompts, completions=completions,
                                    completion_ids=completion_ids, columns=columns, on_error="raise",
-                                   require_scored=False)
+                                   require_scored=False, timeout_s=self.args.reward_timeout_s)
         costs = torch.nan_to_num(result.rewards, nan=0.0)
         metrics = {"cost/mean": costs.mean().item(), "cost/unsafe_rate": unsafe_rate(costs)}
         metrics.update({k.replace("reward/", "cost/", 1): v for k, v in result.metrics().items()

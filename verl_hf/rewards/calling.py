@@ -1,9 +1,17 @@
-"""Calling reward functions: sync or async, all async ones of a batch concurrently, and what a raised
-exception becomes.
+"""Calling reward functions: sync or async, all async ones of a batch concurrently, each call within a time
+limit, and what a raised exception or a timeout becomes.
 
-A function is called once on the whole batch. If that call raises, the batch is re-run one sample at a time to
-find the samples that fail: with `on_error="raise"` the error names the function and the first failing
-sample's index; with `on_error="zero"` those samples score 0.0 and are counted (`reward/<name>/errors`).
+A function is called once on the whole batch. If that call raises or runs past `timeout_s`, the batch is re-run
+one sample at a time (each within `timeout_s`; after two samples time out, the rest are not run) to find the
+samples that fail: with `on_error="raise"`
+the error names the function and the first failing sample's index; with `on_error="zero"` those samples score
+0.0 and are counted (`reward/<name>/errors`).
+
+Time limits: a sync function running in the main thread is interrupted by a signal (SIGUSR2, repeated each
+second until it gives up), which stops Python code and blocking calls such as `time.sleep` or a socket read;
+only a C extension that never returns to Python can outlast it. Off the main thread it runs in a worker thread
+that is abandoned at the limit. An async function is cancelled; one that blocks the event loop itself gets the
+loop abandoned and a fresh one for the next call.
 
 See it work: tests/test_rewards_calling.py.
 """
@@ -11,11 +19,30 @@ See it work: tests/test_rewards_calling.py.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import inspect
+import signal
 import threading
 from typing import Callable
 
 ON_ERROR = ("raise", "zero")
+MAX_SAMPLE_TIMEOUTS = 2  # per-sample re-runs of a function that timed out on its batch stop after this many
+_SIGNAL = signal.SIGUSR2  # not SIGALRM: reward code (math-verify) sets its own alarms; SIGUSR1: SLURM requeue
+
+
+class _Expired(BaseException):
+    """Raised inside a sync reward call at its deadline. A BaseException, so the function's own
+    `except Exception` cannot swallow it; turned into RewardTimeout once the call is unwound."""
+
+
+class RewardTimeout(TimeoutError):
+    """A reward or cost function ran past its time limit; `blocked_loop`: an async one that stopped the event
+    loop itself (blocking code inside `async def`)."""
+
+    def __init__(self, message: str, blocked_loop: bool = False):
+        super().__init__(message)
+        self.blocked_loop = blocked_loop
 
 
 _LOOP: asyncio.AbstractEventLoop | None = None
@@ -34,60 +61,161 @@ def _reward_loop() -> asyncio.AbstractEventLoop:
         return _LOOP
 
 
-def run_coroutines(coroutines: list) -> list:
-    """Results (or raised exceptions) of `coroutines`, run concurrently on the reward loop."""
+def _abandon_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """A coroutine blocked the loop's thread: the next call starts a fresh loop, and this one stops once the
+    blocking code returns (if it ever does)."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is loop:
+            _LOOP = None
+    loop.call_soon_threadsafe(loop.stop)
+
+
+def run_coroutines(coroutines: list, timeout_s: float | None = None, names: list[str] | None = None) -> list:
+    """Results (or raised exceptions, RewardTimeout past `timeout_s`) of `coroutines`, run concurrently on the
+    reward loop. Each is cancelled at the limit; if the loop itself stops answering (blocking code inside
+    `async def`), what has not finished a little later times out and the loop is abandoned."""
     if not coroutines:
         return []
+    names = names or ["async reward function"] * len(coroutines)
 
-    async def gather():
-        return await asyncio.gather(*coroutines, return_exceptions=True)
-
-    return asyncio.run_coroutine_threadsafe(gather(), _reward_loop()).result()
-
-
-def call_all(reward_funcs: list[tuple[str, Callable]], batch: dict) -> list:
-    """Each function's output (or the exception it raised) on `batch` (keyword arguments): sync functions in
-    turn, then every async one concurrently."""
-    outputs, pending = [], {}
-    for j, (_, func) in enumerate(reward_funcs):
+    async def bounded(coroutine, name):
         try:
-            out = func(**batch)
-        except Exception as exc:  # noqa: BLE001 - handled by the caller, with the function's name
-            out = exc
+            return await asyncio.wait_for(coroutine, timeout_s)
+        except asyncio.TimeoutError:
+            raise RewardTimeout(_expired(name, timeout_s)) from None
+
+    loop = _reward_loop()
+    futures = [asyncio.run_coroutine_threadsafe(bounded(c, name), loop) for c, name in zip(coroutines, names)]
+    grace = None if timeout_s is None else timeout_s + min(timeout_s, 5.0)
+    done, late = concurrent.futures.wait(futures, timeout=grace)
+    if late:
+        _abandon_loop(loop)
+    blocked = " It blocked the event loop (blocking code inside `async def`)."
+    return [f.exception() or f.result() if f in done else RewardTimeout(_expired(name, timeout_s) + blocked, True)
+            for f, name in zip(futures, names)]
+
+
+@contextlib.contextmanager
+def deadline(timeout_s: float | None):
+    """Inside, the calling (main) thread is interrupted with `_Expired` once `timeout_s` has passed, then again
+    every second until the block ends. No limit with None, or off the main thread (see `call_sync`)."""
+    if timeout_s is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    done, main = threading.Event(), threading.main_thread().ident
+
+    def interrupt():
+        if not done.wait(timeout_s):
+            while not done.is_set():
+                signal.pthread_kill(main, _SIGNAL)
+                done.wait(1.0)
+
+    def expire(_signum, _frame):
+        if not done.is_set():
+            raise _Expired
+
+    previous = signal.signal(_SIGNAL, expire)
+    watchdog = threading.Thread(target=interrupt, name="verl_hf-reward-deadline", daemon=True)
+    watchdog.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watchdog.join()
+        signal.signal(_SIGNAL, previous)
+
+
+def call_sync(name: str, func: Callable, kwargs: dict, timeout_s: float | None):
+    """`func(**kwargs)`, its exception, or RewardTimeout past `timeout_s` (an awaitable is returned as is)."""
+    if timeout_s is not None and threading.current_thread() is not threading.main_thread():
+        return _in_worker_thread(name, func, kwargs, timeout_s)
+    try:
+        with deadline(timeout_s):
+            return func(**kwargs)
+    except _Expired:
+        return RewardTimeout(_expired(name, timeout_s))
+    except Exception as exc:  # noqa: BLE001 - handled by the caller, with the function's name
+        return exc
+
+
+def _in_worker_thread(name: str, func: Callable, kwargs: dict, timeout_s: float):
+    """Off the main thread no signal reaches the call: it runs in a daemon thread, abandoned at the limit (a
+    plain thread: an executor's workers would be joined at interpreter exit, and a hung one would never end)."""
+    box: list = []
+
+    def run():
+        try:
+            box.append(func(**kwargs))
+        except Exception as exc:  # noqa: BLE001
+            box.append(exc)
+
+    worker = threading.Thread(target=run, name="verl_hf-reward", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        return RewardTimeout(_expired(name, timeout_s) + " (its thread is left running)")
+    return box[0]
+
+
+def _expired(name: str, timeout_s: float | None) -> str:
+    return f"{name!r} did not return within reward_timeout_s={timeout_s}."
+
+
+def call_all(reward_funcs: list[tuple[str, Callable]], batch: dict, timeout_s: float | None = None) -> list:
+    """Each function's output (or the exception it raised, or RewardTimeout) on `batch` (keyword arguments):
+    sync functions in turn, then every async one concurrently."""
+    outputs, pending = [], {}
+    for j, (name, func) in enumerate(reward_funcs):
+        out = call_sync(name, func, batch, timeout_s)
         if inspect.isawaitable(out):
             pending[j] = out
         outputs.append(out)
-    for j, result in zip(pending, run_coroutines(list(pending.values()))):
+    names = [reward_funcs[j][0] for j in pending]
+    for j, result in zip(pending, run_coroutines(list(pending.values()), timeout_s, names)):
         outputs[j] = result
     return outputs
 
 
-def per_sample(func: Callable, batch: dict, n: int) -> list:
-    """`func`'s output (or exception) for each sample alone; async calls run concurrently."""
-    results = []
+def per_sample(name: str, func: Callable, batch: dict, n: int, timeout_s: float | None = None,
+               one_at_a_time: bool = False) -> list:
+    """`func`'s output (or exception) for each sample alone: sync calls in turn, each within `timeout_s`, async
+    ones concurrently (`one_at_a_time`: in turn too, for a function that blocked the event loop, so that the
+    blocking sample is the one that fails). Once MAX_SAMPLE_TIMEOUTS samples have timed out the function is
+    taken to be down and the rest fail unrun: a dead judge costs a few limits, not one per sample."""
+    results, timeouts = [], 0
     for i in range(n):
-        try:
-            results.append(func(**{k: v[i : i + 1] for k, v in batch.items()}))
-        except Exception as exc:  # noqa: BLE001
-            results.append(exc)
+        if timeouts >= MAX_SAMPLE_TIMEOUTS:
+            results.append(RewardTimeout(_expired(name, timeout_s) + f" Not run: it had timed out on {timeouts} "
+                                                                     f"samples already."))
+            continue
+        out = call_sync(name, func, {k: v[i : i + 1] for k, v in batch.items()}, timeout_s)
+        if one_at_a_time and inspect.isawaitable(out):
+            out = run_coroutines([out], timeout_s, [name])[0]
+        results.append(out)
+        timeouts += isinstance(out, RewardTimeout)
     awaiting = [i for i, r in enumerate(results) if inspect.isawaitable(r)]
-    for i, r in zip(awaiting, run_coroutines([results[i] for i in awaiting])):
+    for i, r in zip(awaiting, run_coroutines([results[i] for i in awaiting], timeout_s, [name] * len(awaiting))):
         results[i] = r
     return results
 
 
-def recover(name: str, func: Callable, batch: dict, n: int, error: Exception, on_error: str) -> list:
-    """After `func` raised `error` on the whole batch: its one-sample outputs, with None where a sample fails
-    (on_error='zero'); with on_error='raise', an error naming the first failing sample."""
-    results = per_sample(func, batch, n)
+def recover(name: str, func: Callable, batch: dict, n: int, error: Exception, on_error: str,
+            timeout_s: float | None = None) -> list:
+    """After `func` raised `error` on the whole batch (or timed out): its one-sample outputs, with None where a
+    sample fails (on_error='zero'); with on_error='raise', an error naming the first failing sample."""
+    results = per_sample(name, func, batch, n, timeout_s, one_at_a_time=getattr(error, "blocked_loop", False))
     failed = [i for i, r in enumerate(results) if isinstance(r, Exception)]
     if on_error == "zero":
         return [None if isinstance(r, Exception) else r for r in results]
     if not failed:
-        raise RuntimeError(f"reward function {name!r} raised on the whole batch of {n}, though each sample alone "
+        what = "timed out" if isinstance(error, RewardTimeout) else "raised"
+        raise RuntimeError(f"reward function {name!r} {what} on the whole batch of {n}, though each sample alone "
                            f"passes: {type(error).__name__}: {error}") from error
     index, exc = failed[0], results[failed[0]]
     prompt = str(batch["prompts"][index])[:80]
-    raise RuntimeError(f"reward function {name!r} raised on sample {index} of {n} ({len(failed)} fail; prompt "
-                       f"{prompt!r}): {type(exc).__name__}: {exc}. Fix the function, or set reward_on_error='zero' "
-                       f"to score failing samples 0 and count them (reward/{name}/errors).") from exc
+    what, fix = (("timed out", "Make it faster or raise reward_timeout_s") if isinstance(exc, RewardTimeout)
+                 else ("raised", "Fix the function"))
+    raise RuntimeError(f"reward function {name!r} {what} on sample {index} of {n} ({len(failed)} fail; prompt "
+                       f"{prompt!r}): {type(exc).__name__}: {str(exc).rstrip('.')}. {fix}, or set reward_on_error='zero' to score "
+                       f"failing samples 0 and count them (reward/{name}/errors).") from exc

@@ -138,14 +138,16 @@ def _check_inputs(reward_funcs, weights, completions, prompts,
 def score_completions(reward_funcs: list[tuple[str, Callable]],
                       weights: list[float] | None, *, prompts, completions,
                       completion_ids, columns: dict[str, list],
-                      on_error: str = "raise", require_scored: bool = True) -> RewardResult:
+                      on_error: str = "raise", require_scored: bool = True,
+                      timeout_s: float | None = None) -> RewardResult:
     """Call every reward function once on the batch and combine the scores.
 
     Each function gets prompts=, completions=, completion_ids= and the dataset
     columns as keyword arguments; async functions run concurrently (calling.py).
     reward[i] = sum over functions j that scored sample i of weights[j] *
     score[i, j] (weights default to 1.0). A function that raises: see
-    calling.recover (on_error 'raise' or 'zero'). `require_scored=False` accepts a
+    calling.recover (on_error 'raise' or 'zero'); one that runs past `timeout_s`
+    seconds fails the same way. `require_scored=False` accepts a
     batch that no function scored (costs: a cost that judges only some prompts).
     """
     if on_error not in ON_ERROR:
@@ -157,9 +159,9 @@ def score_completions(reward_funcs: list[tuple[str, Callable]],
                  completion_ids=list(completion_ids), **{k: list(v) for k, v in columns.items()})
     per_function = torch.empty(n, len(reward_funcs), dtype=torch.float32)
     errors = {}
-    for j, ((name, func), output) in enumerate(zip(reward_funcs, call_all(reward_funcs, batch))):
+    for j, ((name, func), output) in enumerate(zip(reward_funcs, call_all(reward_funcs, batch, timeout_s))):
         if isinstance(output, Exception):
-            singles = recover(name, func, batch, n, output, on_error)
+            singles = recover(name, func, batch, n, output, on_error, timeout_s)
             scores = [0.0 if one is None else _as_list(name, one, 1)[0] for one in singles]
             errors[name] = sum(one is None for one in singles)
         else:
