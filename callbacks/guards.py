@@ -16,7 +16,8 @@ from __future__ import annotations
 import logging
 
 from transformers import TrainerCallback
-from transformers.trainer_utils import get_last_checkpoint
+
+from verl_hf.saving import newest_complete
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class KLGuardCallback(TrainerCallback):
         if reason is None:
             return
         rollbacks = sum(e["action"] == "rollback" for e in self.events)
-        checkpoint = get_last_checkpoint(args.output_dir) if self.action == "rollback" else None
+        checkpoint = newest_complete(args.output_dir) if self.action == "rollback" else None
         if checkpoint is None or rollbacks >= self.max_rollbacks:
             self.events.append({"step": state.global_step, "reason": reason, "action": "stop"})
             logger.warning("KLGuardCallback: %s at step %d: stopping.", reason, state.global_step)

@@ -21,7 +21,7 @@ import torch
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, speed_metrics
 
-from . import publish
+from . import publish, saving
 from . import trainer_setup as setup
 from .checkpoint import RLCheckpoint
 from .data import RoundBatchSampler, RoundDataLoader, keep_rows, prepare_datasets, prepare_prompts
@@ -61,6 +61,7 @@ class VerlTrainer(Trainer):
     _callbacks_bound = False  # callbacks added after __init__ are bound at once
     _evaluating = False  # evaluation logs leave the RL metrics for the next training log
     _restoring = False  # a rollback loads weights and RL state, but starts a fresh round
+    checkpoint_staging: str | None = None  # while a checkpoint is written: the folder it goes to first (saving.py)
 
     def __init__(self, model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
                  processing_class=None, *, actor=None, ref_policy=None, critic=None, reward_funcs=None,
@@ -149,10 +150,12 @@ class VerlTrainer(Trainer):
         self.actor.mark_weights_changed()
 
     # ------------------------------------------------------------------ the RL step
-    def train(self, *args, **kwargs):
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        """The Trainer's loop; `resume_from_checkpoint=True` takes the newest complete checkpoint (saving.py)."""
+        resume_from_checkpoint = saving.resolve_resume(resume_from_checkpoint, self.args.output_dir)
         self.round_in_progress.needs_position = True  # a resumed run may start in the middle of a round
         self.actor.mark_weights_changed()  # a resume loads other weights after any earlier sync
-        return super().train(*args, **kwargs)
+        return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         """One micro-step. The first micro-step of a round samples and prepares the whole round."""
@@ -292,6 +295,12 @@ class VerlTrainer(Trainer):
         repo_id = self.hub_model_id or model_name or os.path.basename(os.path.normpath(self.args.output_dir))
         with open(os.path.join(self.args.output_dir, "README.md"), "w") as f:
             f.write(publish.model_card(publish.run_info(self), repo_id))
+
+    def _save_checkpoint(self, model, trial) -> None:
+        saving.save_atomically(self, super()._save_checkpoint, model, trial)
+
+    def _get_output_dir(self, trial) -> str:
+        return self.checkpoint_staging or super()._get_output_dir(trial)
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         super()._save_optimizer_and_scheduler(output_dir)
