@@ -101,7 +101,8 @@ class RLCheckpoint:
         if everyone.item() < self.args.world_size:
             return False
         for name, part in self.per_process.items():
-            part.load_state_dict(saved["parts"][name])
+            if name in saved["parts"]:  # a part newer than the checkpoint starts fresh
+                part.load_state_dict(saved["parts"][name])
         return True
 
     def _read_round_file(self, path: str) -> dict:

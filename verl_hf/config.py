@@ -27,6 +27,7 @@ from transformers import TrainingArguments
 from .algorithms import ADVANTAGE_ESTIMATORS, IS_LEVELS, IS_MODES, KL_CONTROLLERS, KL_KINDS, LOSS_AGG_MODES, POLICY_LOSSES
 from .algorithms import SINGLETON_ADVANTAGES, advantage_spec, policy_loss_spec
 from .algorithms.registry import CLIP_FIELDS
+from .nonfinite import ON_NONFINITE
 
 logger = logging.getLogger(__name__)
 
@@ -205,6 +206,13 @@ class VerlConfig(TrainingArguments):
         default="raise",
         metadata=_help("A reward function that raises: 'raise' = stop with the function's name and the failing "
                        "sample's index; 'zero' = score those samples 0 and count them (reward/<name>/errors)."),
+    )
+    on_nonfinite: str = field(
+        default="raise",
+        metadata=_help("A step whose gradient norm is NaN/inf: 'raise' stops before the optimizer step (the weights "
+                       "stay those of the last good step); 'skip' drops its gradients, counts it "
+                       "(train/skipped_steps) and goes on (5 in a row stop the run). Not 'skip' under DeepSpeed, "
+                       "whose engine steps inside the backward: there each loss is checked before it."),
     )
     reward_timeout_s: float | None = field(
         default=300.0,
@@ -561,6 +569,7 @@ def _check_ranges(cfg: VerlConfig) -> None:
                          "vllm_sleep_level=0 on this machine.")
     _check_vllm_server(cfg)
     _check_routing_replay(cfg)
+    _check_nonfinite(cfg)
     if cfg.rollout_engine.startswith("vllm") and cfg.sync_verify:
         raise ValueError("sync_verify compares weights by HF name, but vLLM keeps fused weights; use it with "
                          "rollout_engine='hf' (vLLM is checked by its log-probs, tests/test_rollout_vllm.py).")
@@ -617,6 +626,14 @@ def _check_vllm_server(cfg: VerlConfig) -> None:
         raise ValueError(f"vllm_server_timeout_s={cfg.vllm_server_timeout_s} must be > 0.")
 
 
+def _check_nonfinite(cfg: VerlConfig) -> None:
+    _one_of("on_nonfinite", cfg.on_nonfinite, ON_NONFINITE)
+    if cfg.on_nonfinite == "skip" and _wants_deepspeed(cfg):
+        raise ValueError("on_nonfinite='skip' cannot take effect under DeepSpeed: its engine takes the optimizer step "
+                         "inside the backward, before a gradient norm can be checked; use on_nonfinite='raise' (each "
+                         "micro-batch's loss is then checked before its backward).")
+
+
 def _check_routing_replay(cfg: VerlConfig) -> None:
     """routing_replay needs an engine that returns each token's experts (whether the model is an MoE is
     checked once it is loaded, before any engine starts)."""
@@ -658,6 +675,7 @@ def _check_rewards(cfg: VerlConfig) -> None:
     if isinstance(cfg.reward_model_path, str):
         cfg.reward_model_path = [cfg.reward_model_path]
     _one_of("reward_on_error", cfg.reward_on_error, ("raise", "zero"))
+
     if cfg.reward_weights is not None and cfg.reward_funcs is not None:
         expected = len(cfg.reward_funcs) + len(cfg.reward_model_path or [])
         if len(cfg.reward_weights) != expected:

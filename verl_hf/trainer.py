@@ -31,6 +31,7 @@ from .roles import Actor
 from .rollout import make_rollout_engine
 from .round import RewardStage, RoundBuilder
 from .routing import moe_routers
+from .nonfinite import NonFiniteGuard, check_finite_loss, check_finite_weights
 from .safety import NoConstraint
 from .state import KLMeter, MetricBuffer, RoundInProgress, token_weighted
 from .sync import WeightSync
@@ -113,8 +114,10 @@ class VerlTrainer(Trainer):
         self.critics = [(self.critic, "values", "returns", "critic")] if self.critic is not None else []
         self.critics += self.constraint.critics()
         self._num_params = sum(p.numel() for p in self.model.parameters())  # for floating_point_ops
+        self.nonfinite = NonFiniteGuard(args.on_nonfinite)
         per_process = {"round": self.round_in_progress, "refill": self.round_builder.refill,
-                       "seeds": self.round_builder.seeds, "metrics": self.metrics, "kl_meter": self.kl_meter}
+                       "seeds": self.round_builder.seeds, "metrics": self.metrics, "kl_meter": self.kl_meter,
+                       "nonfinite": self.nonfinite}
         self.rl_checkpoint = RLCheckpoint(args, per_process=per_process, critic=self.critic,
                                           constraint=self.constraint, kl_controller=self.kl_ctrl,
                                           ref_policy=self.ref_policy, reduce_sum=self._reduce_sum)
@@ -215,10 +218,20 @@ class VerlTrainer(Trainer):
                 logprobs, entropy = self.actor.compute_logprobs(mb, model=model, with_entropy=entropy_needed(
                     self.args, self.state), entropy_grad=self.args.entropy_coef > 0)
                 result = self.policy_update.actor_loss(mb, logprobs, entropy)
+            if self.is_deepspeed_enabled:  # its engine steps inside backward: check before (nonfinite.py)
+                check_finite_loss(result.loss, self._reduce_sum, self.state.global_step + 1)
             self.accelerator.backward(result.loss, **({"scale_wrt_gas": False} if self.is_deepspeed_enabled else {}))
         if result.kl_observed is not None:
             self.kl_meter.observe(*result.kl_observed, samples=self.round_in_progress.size)
         return result.loss, {**result.metrics, **self.actor.routing_metrics()}
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        """The Trainer's norm, checked before its optimizer step: a NaN/inf one raises or skips the step."""
+        grad_norm = super()._get_grad_norm(model, grad_norm)
+        if not self.is_deepspeed_enabled:
+            self.nonfinite.after_gradients(grad_norm, model.parameters(), self.state.global_step + 1)
+            self.metrics.record(self.nonfinite.metrics())
+        return grad_norm
 
     def _reduce_sum(self, values: torch.Tensor) -> torch.Tensor:
         return self.accelerator.reduce(values, reduction="sum") if self.args.world_size > 1 else values
@@ -279,6 +292,9 @@ class VerlTrainer(Trainer):
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """The Trainer's save (weights, tokenizer), plus verl_config.json; PEFT runs with save_merged_model
         write the merged model (checkpoints keep the adapter, which resuming needs)."""
+        critics = {"critic": self.critic, "cost_critic": getattr(self.constraint, "cost_critic", None)}
+        check_finite_weights({"policy": self.model, **{k: c.model for k, c in critics.items() if c is not None}},
+                             self._reduce_sum, self.args.device, output_dir or self.args.output_dir)
         super().save_model(output_dir, _internal_call)
         output_dir = output_dir or self.args.output_dir
         if not self.args.should_save:

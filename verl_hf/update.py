@@ -10,6 +10,7 @@ See it work: tests/test_round.py, tests/test_trainer_e2e.py.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -86,9 +87,12 @@ class PolicyUpdate:
         critic.backward(loss)
         out = {f"{prefix}/value_loss": loss.item(), **{f"{prefix}/{k}": v for k, v in metrics.items()}}
         if critic.steps_every_micro_step or optimizer_step:
-            norm = critic.step()
+            norm = critic.step()  # a NaN/inf norm's step is not taken (TrainableRole.step)
             if norm is not None:
                 out[f"{prefix}/grad_norm"] = norm
+            if norm is not None and not math.isfinite(norm) and self.args.on_nonfinite == "raise":
+                raise FloatingPointError(f"the {prefix}'s gradient norm is {norm}; its optimizer step was not taken. "
+                                         f"Lower critic_learning_rate, or set on_nonfinite='skip'.")
         return out
 
 

@@ -38,10 +38,11 @@ def _no_signal(scores: torch.Tensor, group_ids: torch.Tensor, count: torch.Tenso
 
 
 def _scores(token_level_rewards: torch.Tensor) -> torch.Tensor:
-    """Sequence score s_i = sum_t r_it.  (B, T) -> (B,) in at least fp32."""
+    """Sequence score s_i = sum_t r_it.  (B, T) -> (B,) in fp64."""
     # Not masked: like verl, the reward of an empty response may sit on a padded position and must
-    # still count towards its group's baseline.  Computed in fp32 at least, for stable statistics.
-    return token_level_rewards.sum(-1).to(torch.promote_types(token_level_rewards.dtype, torch.float32))
+    # still count towards its group's baseline.  In fp64 (verl: fp32), so that the group statistics of large
+    # finite rewards do not overflow (the square of a 3e38 reward); the advantages are cast back at the end.
+    return token_level_rewards.to(torch.float64).sum(-1)
 
 
 def _broadcast(adv: torch.Tensor, token_level_rewards: torch.Tensor, response_mask: torch.Tensor):

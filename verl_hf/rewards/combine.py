@@ -179,8 +179,15 @@ def score_completions(reward_funcs: list[tuple[str, Callable]],
             f"batch ({[name for name, _ in reward_funcs]}); make at least one "
             f"function score each batch, e.g. add a fallback reward that "
             f"never returns None")
-    weighted = torch.where(scored, per_function * torch.tensor(w), 0.0)
+    # Summed in fp64: a weighted sum of large finite scores must not turn into inf on the way.
+    weighted = torch.where(scored, per_function.double() * torch.tensor(w, dtype=torch.float64), 0.0)
     rewards = weighted.sum(dim=1)
+    if (rewards.abs() > torch.finfo(torch.float32).max).any():
+        row = int((rewards.abs() > torch.finfo(torch.float32).max).nonzero()[0])
+        raise ValueError(f"sample {row}'s weighted reward {rewards[row].item():.3g} (weights {w} over "
+                         f"{[name for name, _ in reward_funcs]}) is beyond float32's range; scale the rewards or "
+                         f"the weights down.")
+    rewards = rewards.float()
     rewards[~valid] = math.nan
     return RewardResult(rewards=rewards, valid=valid,
                         per_function=per_function,

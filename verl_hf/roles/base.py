@@ -9,6 +9,8 @@ See it work: tests/test_roles.py.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -121,15 +123,15 @@ class TrainableRole(Role):
         """Resume the role's optimizer (created here if it does not exist yet)."""
         self._ensure_optimizer().load_state_dict(state)
 
-    def step(self) -> float | None:
-        """Clip (if `max_grad_norm`), take an AdamW step, zero the gradients; returns the gradient norm.
-        Under several processes (torch.distributed) the gradients are averaged across them first."""
+    def step(self) -> float:
+        """Clip (if `max_grad_norm`), take an AdamW step, zero the gradients; returns the gradient norm. A NaN/inf
+        norm skips the step (the gradients are dropped; the caller sees the norm). Under several processes
+        (torch.distributed) the gradients are averaged across them first."""
         self._ensure_optimizer()
         average_gradients(self.model)
-        norm = None
-        if self.max_grad_norm:
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm).item()
-        self.optimizer.step()
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm or float("inf")).item()
+        if math.isfinite(norm):
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm
 
