@@ -34,6 +34,9 @@ class KLGuardCallback(TrainerCallback):
         self.trainer = None
 
     def bind(self, trainer) -> None:
+        if self.max_kl is not None and trainer.args.kl_coef == 0:
+            raise ValueError(f"KLGuardCallback(max_kl={self.max_kl}) can never fire: with kl_coef=0 no reference is "
+                             f"loaded and no KL is computed; set kl_coef > 0, or guard min_entropy only.")
         if self.action == "rollback" and trainer.is_deepspeed_enabled:
             raise ValueError("KLGuardCallback(action='rollback') reloads weights in-process, which DeepSpeed runs do "
                              "not support here; use action='stop' and resume_from_checkpoint.")
@@ -72,7 +75,10 @@ class RewardTargetStoppingCallback(TrainerCallback):
         self.streak, self.events = 0, []
 
     def _check(self, metrics: dict, state, control) -> None:
-        if not metrics or self.metric not in metrics:
+        if not metrics:
+            return
+        if self.metric not in metrics:
+            self._refuse_unlogged(metrics)
             return
         value = metrics[self.metric]
         reached = value >= self.target if self.greater else value <= self.target
@@ -85,3 +91,15 @@ class RewardTargetStoppingCallback(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         self._check(logs, state, control)  # evaluation metrics are logged too, so `eval_*` targets work
+
+    def _refuse_unlogged(self, metrics: dict) -> None:
+        """The first log of the metric's kind (training, or `eval_*`) without it: a name that is never logged
+        (a typo) would wait forever."""
+        evaluating = any(k.startswith("eval_") for k in metrics)
+        if evaluating != self.metric.startswith("eval_") or (not evaluating and "loss" not in metrics):
+            return
+        import difflib
+
+        close = difflib.get_close_matches(self.metric, list(metrics), n=3)
+        raise ValueError(f"RewardTargetStoppingCallback(metric={self.metric!r}) waits for a metric this run does not "
+                         f"log; closest logged: {close or sorted(metrics)[:8]}.")

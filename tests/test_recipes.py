@@ -35,12 +35,26 @@ def prepare(recipe: str, rows: dict, tmp_path_factory, stdout: str) -> str:
     return str(out)
 
 
+def colocated_vllm_defaults(recipe: str) -> list[str]:
+    """The stand-in samples with the HF engine, where the recipe's vLLM sizing would be refused as having no
+    effect: those fields back at their defaults."""
+    import dataclasses
+
+    from verl_hf.cli import load_yaml
+    from verl_hf.config import COLOCATED_VLLM, FIELD_APPLIES, VerlConfig
+
+    written = load_yaml(RECIPES / f"{recipe}.yaml")  # with its base_config
+    defaults = {f.name: f.default for f in dataclasses.fields(VerlConfig)}
+    return [arg for name in written if FIELD_APPLIES.get(name) is COLOCATED_VLLM
+            for arg in (f"--{name}", str(defaults[name]))]
+
+
 def train(recipe: str, overrides: list[str], tmp_path) -> dict:
     """`verl-hf train examples/recipes/<recipe>.yaml` with the stand-in's overrides; its summary.json, with
     the log history under "history"."""
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "verl_hf.cli", "train", str(RECIPES / f"{recipe}.yaml"), "--output_dir", str(out),
-           *overrides, *SIZES, *SIZES_PER_RECIPE.get(recipe, [])]
+           *overrides, *SIZES, *SIZES_PER_RECIPE.get(recipe, []), *colocated_vllm_defaults(recipe)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     history = json.loads((out / "log_history.json").read_text())

@@ -16,10 +16,13 @@ See it work: tests/test_config.py.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import math
 import logging
 import os
+from typing import Callable
 from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
@@ -38,6 +41,66 @@ ROLLOUT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 def _help(text: str) -> dict:
     return {"help": text}
+
+
+@dataclasses.dataclass(frozen=True)
+class Applies:
+    """When a field takes effect: `when` says it as the setting a user makes, `holds(config)` checks it. A field
+    set away from its default where it does not hold is an error (_check_fields_apply): nothing is ignored.
+    (Kept beside the fields, not in their metadata: HfArgumentParser hands metadata to argparse.)"""
+    when: str
+    holds: Callable[["VerlConfig"], bool]
+
+
+COLOCATED_VLLM = Applies("rollout_engine='vllm'", lambda c: c.rollout_engine == "vllm")
+HF_ENGINE = Applies("rollout_engine='hf'", lambda c: c.rollout_engine == "hf")
+VLLM_SERVER = Applies("rollout_engine='vllm_server'", lambda c: c.rollout_engine == "vllm_server")
+REWARD_MODELS = Applies("reward_model_path is set", lambda c: bool(c.reward_model_path))
+SAFE_RL = Applies("cost_funcs or cost_model_path is set (Safe-RLHF)", lambda c: c.safe_rl)
+OVERLONG = Applies("overlong_buffer_len > 0", lambda c: c.overlong_buffer_len > 0)
+DYNAMIC_SAMPLING = Applies("dynamic_sampling=True", lambda c: c.dynamic_sampling)
+KL_ON = Applies("kl_coef > 0", lambda c: c.kl_coef > 0)
+KL_CONTROLLED = Applies("kl_controller='adaptive' or 'pid'", lambda c: c.kl_controller in ("adaptive", "pid"))
+KL_PID = Applies("kl_controller='pid'", lambda c: c.kl_controller == "pid")
+ROLLOUT_IS = Applies("rollout_is='token' or 'sequence'", lambda c: c.rollout_is is not None)
+ROLLOUT_IS_MASK = Applies("rollout_is is set with rollout_is_mode='mask'",
+                          lambda c: c.rollout_is is not None and c.rollout_is_mode == "mask")
+CRITIC = Applies("adv_estimator='gae' (PPO, which trains a critic)",
+                 lambda c: advantage_spec(c.adv_estimator).needs_values)
+GAE = Applies("adv_estimator='gae'", lambda c: c.adv_estimator == "gae")
+
+# When each of these fields takes effect (the others always do); _check_fields_apply refuses one set away from
+# its default where its condition does not hold.
+FIELD_APPLIES = {
+    "rollout_hf_weights": HF_ENGINE,
+    "rollout_tensor_parallel_size": COLOCATED_VLLM,
+    "vllm_gpu_memory_utilization": COLOCATED_VLLM,
+    "vllm_kv_cache_mb": COLOCATED_VLLM,
+    "vllm_sleep_level": COLOCATED_VLLM,
+    "vllm_max_model_len": COLOCATED_VLLM,
+    "vllm_server_timeout_s": VLLM_SERVER,
+    "reward_model_label_index": REWARD_MODELS,
+    "overlong_penalty_factor": OVERLONG,
+    "dynamic_sampling_max_rounds": DYNAMIC_SAMPLING,
+    "cost_limit": SAFE_RL,
+    "lambda_init": SAFE_RL,
+    "lambda_lr": SAFE_RL,
+    "lambda_max": SAFE_RL,
+    "lambda_update_delay_steps": SAFE_RL,
+    "episode_cost_window_size": SAFE_RL,
+    "kl_controller": KL_ON,
+    "kl_target": KL_CONTROLLED,
+    "kl_horizon": KL_CONTROLLED,
+    "kl_pid_gains": KL_PID,
+    "kl_kind": KL_ON,
+    "rollout_is_mode": ROLLOUT_IS,
+    "rollout_is_threshold": ROLLOUT_IS,
+    "rollout_is_threshold_low": ROLLOUT_IS_MASK,
+    "lam": GAE,
+    "critic_learning_rate": CRITIC,
+    "cliprange_value": CRITIC,
+    "critic_warmup_steps": CRITIC,
+}
 
 
 @functools.cache  # a property of the machine; every VerlConfig asks
@@ -520,6 +583,15 @@ def _check_names(cfg: VerlConfig) -> None:
 
 def _check_ranges(cfg: VerlConfig) -> None:
     checks = [
+        # Trainer fields this library depends on, before torch.optim or a division meets them.
+        ("learning_rate", cfg.learning_rate >= 0, "must be >= 0"),
+        ("per_device_train_batch_size", cfg.per_device_train_batch_size >= 1, "must be >= 1"),
+        ("gradient_accumulation_steps", cfg.gradient_accumulation_steps >= 1, "must be >= 1"),
+        ("generation_batch_size", cfg.generation_batch_size is None or cfg.generation_batch_size >= 1,
+         "must be >= 1 (None: one optimizer step's worth)"),
+        ("reward_weights", cfg.reward_weights is None or all(math.isfinite(w) for w in cfg.reward_weights),
+         "must all be finite numbers"),
+        ("eval_correct_threshold", math.isfinite(cfg.eval_correct_threshold), "must be a finite number"),
         ("temperature", cfg.temperature > 0, "must be > 0 (use eval_do_sample=False for greedy decoding)"),
         ("top_p", 0 < cfg.top_p <= 1, "must be in (0, 1]"),
         ("top_k", cfg.top_k >= 0, "must be >= 0 (0 disables it)"),
@@ -570,6 +642,7 @@ def _check_ranges(cfg: VerlConfig) -> None:
     _check_vllm_server(cfg)
     _check_routing_replay(cfg)
     _check_nonfinite(cfg)
+    _check_fields_apply(cfg)
     if cfg.rollout_engine.startswith("vllm") and cfg.sync_verify:
         raise ValueError("sync_verify compares weights by HF name, but vLLM keeps fused weights; use it with "
                          "rollout_engine='hf' (vLLM is checked by its log-probs, tests/test_rollout_vllm.py).")
@@ -626,6 +699,20 @@ def _check_vllm_server(cfg: VerlConfig) -> None:
         raise ValueError(f"vllm_server_timeout_s={cfg.vllm_server_timeout_s} must be > 0.")
 
 
+def _check_fields_apply(cfg: VerlConfig) -> None:
+    """Every field set away from its default takes effect in this setup, or the run stops here (FIELD_APPLIES
+    says when each field does)."""
+    for f in dataclasses.fields(cfg):
+        applies = FIELD_APPLIES.get(f.name)
+        if applies is None or applies.holds(cfg):
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        value = getattr(cfg, f.name)
+        if value != default:
+            raise ValueError(f"{f.name}={value!r} takes effect only when {applies.when}, which this config does not "
+                             f"set; set that too, or leave {f.name} at its default ({default!r}).")
+
+
 def _check_nonfinite(cfg: VerlConfig) -> None:
     _one_of("on_nonfinite", cfg.on_nonfinite, ON_NONFINITE)
     if cfg.on_nonfinite == "skip" and _wants_deepspeed(cfg):
@@ -674,6 +761,8 @@ def _round_up(value: int, a: int, b: int) -> int:
 def _check_rewards(cfg: VerlConfig) -> None:
     if isinstance(cfg.reward_model_path, str):
         cfg.reward_model_path = [cfg.reward_model_path]
+    if isinstance(cfg.reward_funcs, str):  # one name, not its characters
+        cfg.reward_funcs = [cfg.reward_funcs]
     _one_of("reward_on_error", cfg.reward_on_error, ("raise", "zero"))
 
     if cfg.reward_weights is not None and cfg.reward_funcs is not None:

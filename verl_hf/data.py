@@ -21,8 +21,18 @@ logger = logging.getLogger(__name__)
 PROMPT_IDS = "prompt_ids"
 
 
+def check_is_dataset(dataset, split: str) -> None:
+    """A `datasets.Dataset` (or IterableDataset) with at least one row, or a clear error naming what was given."""
+    if not hasattr(dataset, "column_names") or not hasattr(dataset, "map"):
+        raise TypeError(f"the {split} dataset is a {type(dataset).__name__}; give a datasets.Dataset (e.g. "
+                        f"datasets.Dataset.from_list(rows) for a list of dicts, or load_dataset(...)['{split}']).")
+    if hasattr(dataset, "__len__") and len(dataset) == 0:
+        raise ValueError(f"the {split} dataset has no rows.")
+
+
 def apply_key_map(dataset, data_key_map: dict | None, split: str):
     """Rename dataset columns as `data_key_map` ({our name: their column}) says; check `prompt` exists."""
+    check_is_dataset(dataset, split)
     columns = list(dataset.column_names)
     renames = {}
     for ours, theirs in (data_key_map or {}).items():
@@ -51,6 +61,10 @@ def tokenize_prompt(tokenizer, prompt) -> list[int]:
     if isinstance(prompt, str):
         return tokenizer(prompt).input_ids
     if isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt):
+        for i, message in enumerate(prompt):
+            if not isinstance(message.get("content"), (str, list)):
+                raise ValueError(f"chat message {i} ({message.get('role')!r}) of a prompt has no text 'content' "
+                                 f"(got {message.get('content')!r}): {str(prompt)[:120]!r}")
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError(
                 "the prompts are chat messages but the tokenizer has no chat_template; set "
@@ -64,12 +78,20 @@ def tokenize_prompt(tokenizer, prompt) -> list[int]:
     )
 
 
+def _tokenized_row(tokenizer, prompt, index: int, split: str) -> list[int]:
+    try:
+        return tokenize_prompt(tokenizer, prompt)
+    except ValueError as e:
+        raise ValueError(f"{split} row {index}: {e}") from None
+
+
 def prepare_prompts(dataset, tokenizer, data_key_map: dict | None, max_prompt_length: int, split: str):
     """Map columns, add `prompt_ids`, drop over-long prompts (logged). Returns the new dataset."""
     dataset = apply_key_map(dataset, data_key_map, split)
     if PROMPT_IDS in dataset.column_names:
         dataset = dataset.remove_columns(PROMPT_IDS)
-    dataset = dataset.map(lambda row: {PROMPT_IDS: tokenize_prompt(tokenizer, row["prompt"])}, desc="tokenize prompts")
+    dataset = dataset.map(lambda row, i: {PROMPT_IDS: _tokenized_row(tokenizer, row["prompt"], i, split)},
+                          with_indices=True, desc="tokenize prompts")
     before = len(dataset)
     dataset = dataset.filter(lambda row: 0 < len(row[PROMPT_IDS]) <= max_prompt_length, desc="filter prompt length")
     dropped = before - len(dataset)

@@ -72,6 +72,7 @@ class VerlTrainer(Trainer):
         if model is None:
             raise ValueError("VerlTrainer needs a policy: model='<id or path>' or a PreTrainedModel (or actor=...).")
         args = setup.as_verl_config(args, model)
+        setup.check_model_paths(model, args)
         # Cheap checks first: rewards, tokenizer and data fail here, before any model is loaded.
         self.reward_funcs = setup.resolve_rewards(args, reward_funcs, reward_model)
         self.reward_weights = list(args.reward_weights or [1.0] * len(self.reward_funcs))
@@ -84,6 +85,7 @@ class VerlTrainer(Trainer):
             data_collator=data_collator or keep_rows, train_dataset=train_dataset, eval_dataset=eval_dataset,
             processing_class=tokenizer, callbacks=callbacks, optimizers=optimizers, **trainer_kwargs,
         )
+        setup.check_vocabulary(tokenizer, self.model)
         if args.routing_replay:
             moe_routers(self.model)  # not an MoE model, or unknown routers: said before any engine starts
         engine = make_rollout_engine(self.model, tokenizer, args, zero_stage=zero_stage(self.accelerator))

@@ -8,6 +8,7 @@ See it work: tests/test_errors.py.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import fields
 
 import torch
@@ -116,6 +117,31 @@ def as_reward_model(reward_model) -> RewardModel:
         raise ValueError("reward_model has no path to load its tokenizer from; pass "
                          "reward_model=RewardModel(model, tokenizer=...).")
     return RewardModel(reward_model, tokenizer=AutoTokenizer.from_pretrained(path))
+
+
+def check_model_paths(model, args: VerlConfig) -> None:
+    """Every model given as a local path exists, said before anything loads (transformers would read a missing
+    folder as a Hub id and answer about repo-id syntax). A Hub id `org/name` is left to transformers."""
+    given = {"model": model, "critic_model_path": args.critic_model_path, "cost_model_path": args.cost_model_path,
+             **{f"reward_model_path[{i}]": p for i, p in enumerate(args.reward_model_path or [])}}
+    for name, value in given.items():
+        if isinstance(value, (str, os.PathLike)) and _looks_local(str(value)) and not os.path.exists(value):
+            raise FileNotFoundError(f"{name}={str(value)!r}: no such file or directory (a local path; a Hub model "
+                                    f"is named 'org/name').")
+
+
+def _looks_local(value: str) -> bool:
+    return value.startswith(("/", ".", "~")) or value.count("/") > 1 or os.sep != "/" and os.sep in value
+
+
+def check_vocabulary(tokenizer, model) -> None:
+    """Token ids the tokenizer can produce all have an embedding row (else the first step fails with IndexError)."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(embeddings, "num_embeddings", None)
+    if rows is not None and len(tokenizer) > rows:
+        raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model's embedding has {rows} rows: ids "
+                         f"from {rows} on (added tokens, a new pad token) have no embedding. Use the model's own "
+                         f"tokenizer, or model.resize_token_embeddings(len(tokenizer)) before training.")
 
 
 def load_tokenizer(tokenizer, model):

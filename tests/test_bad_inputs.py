@@ -1,0 +1,225 @@
+"""The catalogue of bad inputs: each one fails early (before any model loads where it can) with an error of a
+stated type whose message names the field, value or file and says what to do. Faults that need a run of their
+own live beside their code: hangs in tests/test_rewards_calling.py, NaN in tests/test_nonfinite.py, killed and
+failed saves in tests/test_checkpoint_files.py, the sandbox in tests/test_sandbox.py."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from datasets import Dataset
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).parent))
+
+from verl_hf import VerlConfig  # noqa: E402
+
+BASE = dict(output_dir="/tmp/verl-hf-bad-inputs", per_device_train_batch_size=8, num_generations=4, report_to="none",
+            use_cpu=True)
+
+# (case id, VerlConfig overrides, the error's type, a regex the message must match: the field, the value, the fix)
+CONFIG_CASES = [
+    ("negative learning rate", dict(learning_rate=-1e-5), ValueError, r"learning_rate=-1e-05 must be >= 0"),
+    ("zero batch size", dict(per_device_train_batch_size=0), ValueError, r"per_device_train_batch_size=0 must be >= 1"),
+    ("zero accumulation", dict(gradient_accumulation_steps=0), ValueError, r"gradient_accumulation_steps=0 must be"),
+    ("negative generation batch", dict(generation_batch_size=-8), ValueError, r"generation_batch_size=-8 must be >= 1"),
+    ("NaN reward weight", dict(reward_weights=[float("nan")]), ValueError, r"reward_weights=\[nan\] must all be finite"),
+    ("kv cache with HF engine", dict(vllm_kv_cache_mb=128), ValueError,
+     r"vllm_kv_cache_mb=128 takes effect only when rollout_engine='vllm'.*leave vllm_kv_cache_mb at its default"),
+    ("tensor parallel with HF engine", dict(rollout_tensor_parallel_size=2), ValueError,
+     r"rollout_tensor_parallel_size=2 takes effect only when rollout_engine='vllm'"),
+    ("vLLM memory share with HF engine", dict(vllm_gpu_memory_utilization=0.5), ValueError,
+     r"vllm_gpu_memory_utilization=0.5 takes effect only when rollout_engine='vllm'"),
+    ("vLLM length with HF engine", dict(vllm_max_model_len=512), ValueError, r"vllm_max_model_len=512 takes effect"),
+    ("server timeout without server", dict(vllm_server_timeout_s=5.0), ValueError,
+     r"vllm_server_timeout_s=5.0 takes effect only when rollout_engine='vllm_server'"),
+    ("HF weights choice with vLLM server", dict(rollout_engine="vllm_server", vllm_server_url="http://h:1",
+                                               rollout_hf_weights="copy"), ValueError,
+     r"rollout_hf_weights='copy' takes effect only when rollout_engine='hf'"),
+    ("cost limit without costs", dict(cost_limit=0.1), ValueError,
+     r"cost_limit=0.1 takes effect only when cost_funcs or cost_model_path is set"),
+    ("lambda lr without costs", dict(lambda_lr=0.5), ValueError, r"lambda_lr=0.5 takes effect only when cost_funcs"),
+    ("cost window without costs", dict(episode_cost_window_size=8), ValueError, r"episode_cost_window_size=8 takes"),
+    ("safety filter without costs", dict(safety_filter_threshold=0.5), ValueError,
+     r"safety_filter_threshold needs costs: set cost_funcs or cost_model_path"),
+    ("IS threshold without rollout_is", dict(rollout_is_threshold=3.0), ValueError,
+     r"rollout_is_threshold=3.0 takes effect only when rollout_is='token' or 'sequence'"),
+    ("IS lower bound without rollout_is", dict(rollout_is_threshold_low=0.5), ValueError,
+     r"rollout_is_threshold_low=0.5 takes effect only when rollout_is is set with rollout_is_mode='mask'"),
+    ("IS lower bound in truncate mode", dict(rollout_is="token", rollout_is_threshold_low=0.5), ValueError,
+     r"rollout_is_threshold_low=0.5 takes effect only when rollout_is is set with rollout_is_mode='mask'"),
+    ("KL estimator without KL", dict(kl_kind="k1"), ValueError, r"kl_kind='k1' takes effect only when kl_coef > 0"),
+    ("KL target with fixed KL", dict(kl_coef=0.1, kl_target=0.5), ValueError,
+     r"kl_target=0.5 takes effect only when kl_controller='adaptive' or 'pid'"),
+    ("PID gains with adaptive KL", dict(kl_coef=0.1, kl_controller="adaptive", kl_pid_gains=[1.0, 0.0, 0.0]),
+     ValueError, r"kl_pid_gains=\[1.0, 0.0, 0.0\] takes effect only when kl_controller='pid'"),
+    ("KL control without KL", dict(kl_controller="adaptive"), ValueError, r"kl_coef=0 turns KL off"),
+    ("GAE lambda without GAE", dict(lam=0.9), ValueError, r"lam=0.9 takes effect only when adv_estimator='gae'"),
+    ("critic lr without critic", dict(critic_learning_rate=1e-4), ValueError,
+     r"critic_learning_rate=0.0001 takes effect only when adv_estimator='gae' \(PPO"),
+    ("value clip without critic", dict(cliprange_value=0.2), ValueError, r"cliprange_value=0.2 takes effect"),
+    ("critic warm-up without critic", dict(critic_warmup_steps=3), ValueError, r"critic_warmup_steps=3 takes effect"),
+    ("critic path without critic", dict(critic_model_path="/x"), ValueError,
+     r"critic_model_path='/x' is set, but adv_estimator='grpo' trains no critic"),
+    ("overlong factor without buffer", dict(overlong_penalty_factor=2.0), ValueError,
+     r"overlong_penalty_factor=2.0 takes effect only when overlong_buffer_len > 0"),
+    ("refill rounds without dynamic sampling", dict(dynamic_sampling_max_rounds=3), ValueError,
+     r"dynamic_sampling_max_rounds=3 takes effect only when dynamic_sampling=True"),
+    ("label index without reward model", dict(reward_model_label_index=1), ValueError,
+     r"reward_model_label_index=1 takes effect only when reward_model_path is set"),
+    ("cost label without cost model", dict(cost_model_label_index=1), ValueError,
+     r"cost_model_label_index is set but there is no cost_model_path"),
+    ("sleep mode on CPU", dict(rollout_engine="vllm", vllm_sleep_level=1), ValueError,
+     r"vllm_sleep_level needs a GPU"),
+    ("unknown on_nonfinite", dict(on_nonfinite="ignore"), ValueError, r"on_nonfinite='ignore' is unknown; valid"),
+    ("skip under DeepSpeed", dict(on_nonfinite="skip", deepspeed={"zero_optimization": {"stage": 2},
+                                                               "train_micro_batch_size_per_gpu": "auto"}),
+     ValueError, r"on_nonfinite='skip' cannot take effect under DeepSpeed"),
+    ("zero reward timeout", dict(reward_timeout_s=0), ValueError, r"reward_timeout_s=0 must be > 0 \(None: no limit\)"),
+    ("unknown reward_on_error", dict(reward_on_error="skip"), ValueError, r"reward_on_error='skip' is unknown"),
+    ("routing replay through the server", dict(routing_replay=True, rollout_engine="vllm_server",
+                                               vllm_server_url="http://h:1"), ValueError,
+     r"routing_replay needs each token's experts.*use rollout_engine='vllm'"),
+    ("server URL without server engine", dict(vllm_server_url="http://h:1"), ValueError,
+     r"vllm_server_url is set but rollout_engine='hf'"),
+    ("greedy evaluation repeated", dict(eval_num_generations=4), ValueError, r"eval_num_generations=4 with greedy"),
+    ("sync_verify with vLLM", dict(rollout_engine="vllm", sync_verify=True), ValueError,
+     r"sync_verify compares weights by HF name"),
+    ("negative top_k", dict(top_k=-1), ValueError, r"top_k=-1 must be >= 0 \(0 disables it\)"),
+    ("empty prompts", dict(max_prompt_length=0), ValueError, r"max_prompt_length=0 must be > 0"),
+    ("empty responses", dict(max_response_length=0), ValueError, r"max_response_length=0 must be > 0"),
+    ("no PPO epoch", dict(ppo_epochs=0), ValueError, r"ppo_epochs=0 must be >= 1"),
+    ("negative KL coefficient", dict(kl_coef=-1.0), ValueError, r"kl_coef=-1.0 must be >= 0"),
+    ("negative entropy bonus", dict(entropy_coef=-0.1), ValueError, r"entropy_coef=-0.1 must be >= 0"),
+    ("discount above one", dict(gamma=1.5), ValueError, r"gamma=1.5 must be in \[0, 1\]"),
+    ("overlong buffer past the length", dict(overlong_buffer_len=300), ValueError,
+     r"overlong_buffer_len=300 must be in \[0, max_response_length\)"),
+    ("empty sync buckets", dict(sync_bucket_mb=0), ValueError, r"sync_bucket_mb=0 must be > 0"),
+    ("negative logits chunk", dict(logits_chunk_size=-1), ValueError, r"logits_chunk_size=-1 must be >= 0"),
+    ("a keyword the loss does not take", dict(policy_loss_kwargs={"tau": 1.0}), ValueError,
+     r"policy_loss_kwargs \['tau'\] are not keywords of policy_loss='vanilla'; it takes \['clip_ratio_c'"),
+    ("policy loss keywords not JSON", dict(policy_loss_kwargs="{not json"), ValueError,
+     r"policy_loss_kwargs='\{not json' is not valid JSON"),
+    ("data_key_map not JSON", dict(data_key_map="{bad"), ValueError, r"data_key_map='\{bad' is not valid JSON"),
+    ("unknown rollout dtype", dict(rollout_dtype="int8"), ValueError, r"rollout_dtype='int8' is unknown; valid: auto"),
+    ("unknown IS level", dict(rollout_is="token2"), ValueError, r"rollout_is='token2' is unknown; valid: sequence"),
+    ("PID gains of the wrong length", dict(kl_coef=0.1, kl_controller="pid", kl_pid_gains=[1.0]), ValueError,
+     r"kl_pid_gains=\[1.0\] must be three numbers \(kp ki kd\)"),
+    ("IS threshold below one", dict(rollout_is="token", rollout_is_threshold=0.5), ValueError,
+     r"rollout_is_threshold=0.5 must be > 1"),
+    ("token budget below one row", dict(max_tokens_per_micro_batch=64), ValueError,
+     r"max_tokens_per_micro_batch=64 must be >= max_prompt_length \+ max_response_length = 768"),
+    ("NaN correctness threshold", dict(eval_correct_threshold=float("nan")), ValueError,
+     r"eval_correct_threshold=nan must be a finite number"),
+    ("dynamic sampling without groups", dict(dynamic_sampling=True, num_generations=1), ValueError,
+     r"dynamic_sampling drops groups whose rewards are all equal; it needs num_generations >= 2"),
+]
+
+
+@pytest.mark.parametrize("overrides, error, message", [c[1:] for c in CONFIG_CASES], ids=[c[0] for c in CONFIG_CASES])
+def test_bad_config_is_refused_with_the_fix(overrides, error, message):
+    with pytest.raises(error, match=message):
+        VerlConfig(**{**BASE, **overrides})
+
+
+def test_one_reward_name_is_one_function_not_its_characters():
+    assert VerlConfig(**BASE, reward_funcs="gsm8k").reward_funcs == ["gsm8k"]
+
+
+def test_the_catalogue_is_distinct():
+    ids = [c[0] for c in CONFIG_CASES] + [c[0] for c in DATA_CASES] + [c[0] for c in SETUP_CASES]
+    assert len(ids) == len(set(ids)) and len(ids) >= 55
+
+
+# ---------------------------------------------------------------- data (before any model loads)
+DATA_CASES = [
+    ("a list instead of a dataset", [{"prompt": "1+1="}], TypeError,
+     r"the train dataset is a list; give a datasets.Dataset \(e.g. datasets.Dataset.from_list\(rows\)"),
+    ("an empty dataset", Dataset.from_dict({"prompt": []}), ValueError, r"the train dataset has no rows"),
+    ("no prompt column", Dataset.from_list([{"question": "1+1="}]), ValueError,
+     r"has no 'prompt' column \(columns: \['question'\]\).*data_key_map"),
+    ("a chat message without content", Dataset.from_list([{"prompt": [{"role": "user", "content": None}]},
+                                                         {"prompt": [{"role": "user", "content": "hi"}]}]),
+     ValueError, r"train row 0: chat message 0 \('user'\) of a prompt has no text 'content'"),
+    ("a prompt that is a number", Dataset.from_list([{"prompt": 7}]), ValueError,
+     r"train row 0: a prompt must be text or a list of chat messages"),
+    ("every prompt too long", Dataset.from_list([{"prompt": "1+1=" * 200}]), ValueError,
+     r"every train prompt is longer than max_prompt_length=16"),
+]
+
+
+@pytest.mark.parametrize("dataset, error, message", [c[1:] for c in DATA_CASES], ids=[c[0] for c in DATA_CASES])
+def test_bad_data_is_refused_before_any_model_loads(dataset, error, message, tokenizer):
+    from verl_hf.data import prepare_prompts
+
+    with pytest.raises(error, match=message):
+        prepare_prompts(dataset, tokenizer, None, 16, "train")
+
+
+# ---------------------------------------------------------------- models, rewards and callbacks at set-up
+def _missing_policy(tmp_path, warm):
+    return dict(model=str(tmp_path / "no-such-model"))
+
+
+def _missing_reward_model(tmp_path, warm):
+    return dict(model=warm, args_extra=dict(reward_model_path=[str(tmp_path / "no-rm")], reward_funcs=None,
+                                            reward_weights=None))
+
+
+def _missing_critic(tmp_path, warm):
+    return dict(model=warm, args_extra=dict(adv_estimator="gae", critic_model_path="./no-such-critic"))
+
+
+def _tokenizer_too_big(tmp_path, warm):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(warm)
+    tokenizer.add_tokens([f"<extra_{i}>" for i in range(64)])
+    return dict(model=warm, processing_class=tokenizer)
+
+
+def _guard_that_cannot_fire(tmp_path, warm):
+    from verl_hf.callbacks import KLGuardCallback
+
+    return dict(model=warm, callbacks=[KLGuardCallback(max_kl=0.5)])
+
+
+SETUP_CASES = [
+    ("a policy path that does not exist", _missing_policy, FileNotFoundError,
+     r"model='.*no-such-model': no such file or directory \(a local path"),
+    ("a reward model path that does not exist", _missing_reward_model, FileNotFoundError,
+     r"reward_model_path\[0\]='.*no-rm': no such file or directory"),
+    ("a critic path that does not exist", _missing_critic, FileNotFoundError,
+     r"critic_model_path='./no-such-critic': no such file or directory"),
+    ("a tokenizer larger than the model's vocabulary", _tokenizer_too_big, ValueError,
+     r"the tokenizer has \d+ tokens but the model's embedding has \d+ rows.*resize_token_embeddings"),
+    ("a KL guard with KL off", _guard_that_cannot_fire, ValueError,
+     r"KLGuardCallback\(max_kl=0.5\) can never fire: with kl_coef=0.*set kl_coef > 0"),
+]
+
+
+@pytest.mark.parametrize("make, error, message", [c[1:] for c in SETUP_CASES], ids=[c[0] for c in SETUP_CASES])
+def test_bad_setup_is_refused_before_training(make, error, message, tmp_path, warm_start_dir, addition):
+    from conftest import small_config
+
+    from verl_hf import VerlTrainer
+
+    given = make(tmp_path, str(warm_start_dir))
+    args = small_config(tmp_path, max_steps=1, **given.pop("args_extra", {}))
+    with pytest.raises(error, match=message):
+        VerlTrainer(args=args, train_dataset=addition[0], **given)
+
+
+def test_a_metric_never_logged_is_reported_at_the_first_log(tmp_path, warm_start_dir, addition):
+    from conftest import small_config
+
+    from verl_hf import VerlTrainer
+    from verl_hf.callbacks import RewardTargetStoppingCallback
+
+    trainer = VerlTrainer(model=str(warm_start_dir), args=small_config(tmp_path, max_steps=2),
+                          train_dataset=addition[0], callbacks=[RewardTargetStoppingCallback(0.9, metric="reward/meen")])
+    with pytest.raises(ValueError, match=r"metric='reward/meen'\) waits for a metric this run does not log; closest "
+                                         r"logged: \['reward/mean'"):
+        trainer.train()
+    assert trainer.state.global_step == 1  # said at the first log, not after the run
