@@ -128,8 +128,8 @@ def test_one_reward_name_is_one_function_not_its_characters():
 
 
 def test_the_catalogue_is_distinct():
-    ids = [c[0] for c in CONFIG_CASES] + [c[0] for c in DATA_CASES] + [c[0] for c in SETUP_CASES]
-    assert len(ids) == len(set(ids)) and len(ids) >= 55
+    ids = [c[0] for table in (CONFIG_CASES, DATA_CASES, SETUP_CASES, CLI_CASES) for c in table]
+    assert len(ids) == len(set(ids)) and len(ids) >= 60
 
 
 # ---------------------------------------------------------------- data (before any model loads)
@@ -223,3 +223,46 @@ def test_a_metric_never_logged_is_reported_at_the_first_log(tmp_path, warm_start
                                          r"logged: \['reward/mean'"):
         trainer.train()
     assert trainer.state.global_step == 1  # said at the first log, not after the run
+
+
+# ---------------------------------------------------------------- the command line
+CLI_CASES = [
+    ("YAML syntax error", "max_steps: [1, 2\n", [], r"bad\.yaml:2:1: not valid YAML"),
+    ("YAML that is not a mapping", "- a\n- b\n", [], r"bad\.yaml: a config is a mapping of field: value, got a list"),
+    ("unknown YAML field", "learning_rat: 1e-5\n", [], r"unknown field\(s\) 'learning_rat' \(did you mean 'learning_rate'"),
+    ("bad value from a flag", "base_config: demo\n", ["--learning_rate", "-1"], r"learning_rate=-1.0 must be >= 0"),
+    ("missing base config", "base_config: nowhere.yaml\n", [], r"base_config 'nowhere.yaml' not found at"),
+]
+
+
+@pytest.mark.parametrize("text, flags, message", [c[1:] for c in CLI_CASES], ids=[c[0] for c in CLI_CASES])
+def test_the_command_line_says_one_clear_line_and_exits_2(text, flags, message, tmp_path, capsys):
+    import re
+
+    from verl_hf.cli import main
+
+    config = tmp_path / "bad.yaml"
+    config.write_text(text)
+    assert main(["train", str(config), "--output_dir", str(tmp_path / "out"), *flags]) == 2
+    said = capsys.readouterr().err
+    assert re.search(message, said) and said.startswith("verl-hf: error: ") and "Traceback" not in said, said
+    with pytest.raises(ValueError, match=message):  # --debug: the exception itself, for the traceback
+        main(["train", str(config), "--output_dir", str(tmp_path / "out"), *flags, "--debug"])
+
+
+def test_a_missing_config_file_is_named(tmp_path, capsys):
+    from verl_hf.cli import main
+
+    assert main(["train", str(tmp_path / "none.yaml")]) == 2
+    assert f"config file '{tmp_path / 'none.yaml'}' does not exist" in capsys.readouterr().err
+
+
+def test_the_demo_curve_starts_at_the_baseline_evaluation(tmp_path):
+    """What people see is true: the evaluation before training (not in the Trainer's fresh log) is the curve's
+    first point, so the gain the demo exists to show is on the plot."""
+    from verl_hf.runner import plot_curve
+
+    history = [{"step": 50, "reward/mean": 0.4}, {"step": 100, "eval_accuracy": 0.61}, {"step": 200, "eval_accuracy": 0.7}]
+    series = plot_curve(history, str(tmp_path / "curve.png"), baseline={"eval_accuracy": 0.315})
+    assert series["held-out accuracy"] == [(0, 0.315), (100, 0.61), (200, 0.7)]
+    assert (tmp_path / "curve.png").stat().st_size > 1000

@@ -15,6 +15,12 @@ from dataclasses import fields
 from pathlib import Path
 
 DEMO_CONFIG = Path(__file__).parent / "demo" / "demo.yaml"
+# What a person can fix from the message alone: the CLI prints it and exits 2 (`--debug`: the traceback).
+USER_ERRORS = (ValueError, TypeError, FileNotFoundError, FloatingPointError)
+
+
+class UsageError(ValueError):
+    """A mistake on the command line or in the YAML file (exit status 2)."""
 
 
 def parse_config(config_path: str | None, overrides: list[str]):
@@ -29,7 +35,12 @@ def parse_config(config_path: str | None, overrides: list[str]):
     known = {f.name for dtype in (ScriptArguments, VerlConfig) for f in fields(dtype) if f.init}
     unknown = sorted(set(values or {}) - known)
     if unknown:
-        raise SystemExit(f"{config_path}: unknown field(s) {unknown}; see `verl-hf train --help` for the valid ones.")
+        import difflib
+
+        hints = [f"{name!r} (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(name, known, n=1))
+                 else repr(name) for name in unknown]
+        raise UsageError(f"{config_path}: unknown field(s) {', '.join(hints)}; `verl-hf train --help` lists the "
+                         f"valid ones.")
     # YAML values go through the same argument parser as flags (so "1e-5" becomes a float, lists and
     # booleans get their field types); flags after the file come later and win. YAML nulls are set after.
     namespace = parser.parse_args(_as_argv(values) + list(overrides))
@@ -64,7 +75,16 @@ def load_yaml(path: str | Path) -> dict:
     """A YAML config; a `base_config: other.yaml` key (relative to this file) is loaded first and overridden."""
     import yaml
 
-    values = yaml.safe_load(Path(path).read_text()) or {}
+    if not Path(path).is_file():
+        raise UsageError(f"config file {str(path)!r} does not exist.")
+    try:
+        values = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        raise UsageError(f"{where}: not valid YAML: {getattr(e, 'problem', None) or e}") from None
+    if not isinstance(values, dict):
+        raise UsageError(f"{path}: a config is a mapping of field: value, got a {type(values).__name__}.")
     base = values.pop("base_config", None)
     if base is None:
         return values
@@ -73,7 +93,7 @@ def load_yaml(path: str | Path) -> dict:
     else:
         base_path = Path(path).parent / base
     if not base_path.exists():
-        raise SystemExit(f"{path}: base_config {base!r} not found at {base_path}.")
+        raise UsageError(f"{path}: base_config {base!r} not found at {base_path}.")
     return {**load_yaml(base_path), **values}
 
 
@@ -118,7 +138,20 @@ def _installed(metadata, distribution: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command; a user error prints one line `verl-hf: error: ...` and returns 2 (`--debug` raises it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [arg for arg in argv if arg != "--debug"]
+    try:
+        return _run_command(argv)
+    except USER_ERRORS as error:
+        if debug:
+            raise
+        print(f"verl-hf: error: {error}\n(run again with --debug for the traceback)", file=sys.stderr)
+        return 2
+
+
+def _run_command(argv: list[str]) -> int:
     usage = "usage: verl-hf {train CONFIG.yaml | demo | env | vllm-serve MODEL} [--field value ...]"
     if not argv or argv[0] in ("-h", "--help"):
         print(usage + "\n\n" + __doc__.split("\n\n")[1])
@@ -135,12 +168,12 @@ def main(argv: list[str] | None = None) -> int:
         if not rest or rest[0].startswith("-"):
             if rest and rest[0] in ("-h", "--help"):
                 parse_config(None, ["--help"])
-            raise SystemExit("verl-hf train needs a config file: verl-hf train examples/configs/demo.yaml")
+            raise UsageError("verl-hf train needs a config file: verl-hf train examples/configs/demo.yaml")
         config_path, rest = rest[0], rest[1:]
     elif command == "demo":
         config_path = str(DEMO_CONFIG)
     else:
-        raise SystemExit(f"unknown command {command!r}. {usage}")
+        raise UsageError(f"unknown command {command!r}. {usage}")
     from .runner import run_training
 
     summary = run_training(*parse_config(config_path, rest))

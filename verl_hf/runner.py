@@ -103,7 +103,7 @@ def run_training(script: ScriptArguments, config) -> dict:
     if trainer.safety is not None:
         summary["lagrange_lambda"] = trainer.safety.lagrange_lambda
     if trainer.is_world_process_zero():
-        plot_curve(trainer.state.log_history, os.path.join(config.output_dir, "curve.png"))
+        plot_curve(trainer.state.log_history, os.path.join(config.output_dir, "curve.png"), baseline=before)
         Path(config.output_dir, "summary.json").write_text(json.dumps(summary, indent=2))
         Path(config.output_dir, "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
     if config.world_size > 1:
@@ -134,8 +134,10 @@ def _final_eval(trainer) -> dict:
     return trainer.evaluate()
 
 
-def plot_curve(log_history: list[dict], path: str) -> None:
-    """Training reward and held-out accuracy against the optimizer step, in one PNG."""
+def plot_curve(log_history: list[dict], path: str, baseline: dict | None = None) -> dict:
+    """Training reward and held-out accuracy against the optimizer step, in one PNG. `baseline`: the evaluation
+    before training (the Trainer starts a fresh log at `train()`, so it is not in `log_history`), plotted at
+    step 0, where the gain starts. Returns the plotted series, {name: [(step, value)]}."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -143,6 +145,8 @@ def plot_curve(log_history: list[dict], path: str) -> None:
 
     reward = [(h["step"], h["reward/mean"]) for h in log_history if "reward/mean" in h]
     accuracy = [(h["step"], h["eval_accuracy"]) for h in log_history if "eval_accuracy" in h]
+    if baseline and "eval_accuracy" in baseline and not any(step == 0 for step, _ in accuracy):
+        accuracy.insert(0, (0, baseline["eval_accuracy"]))
     fig, ax = plt.subplots(figsize=(7, 4))
     if reward:
         ax.plot(*zip(*reward), label="train reward (mean)")
@@ -154,3 +158,4 @@ def plot_curve(log_history: list[dict], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+    return {"train reward": reward, "held-out accuracy": accuracy}
