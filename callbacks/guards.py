@@ -72,7 +72,7 @@ class RewardTargetStoppingCallback(TrainerCallback):
         if patience < 1:
             raise ValueError(f"RewardTargetStoppingCallback patience={patience} must be >= 1.")
         self.target, self.metric, self.patience, self.greater = target, metric, patience, greater_is_better
-        self.streak, self.events = 0, []
+        self.streak, self.events, self.metric_seen = 0, [], False
 
     def _check(self, metrics: dict, state, control) -> None:
         if not metrics:
@@ -80,6 +80,7 @@ class RewardTargetStoppingCallback(TrainerCallback):
         if self.metric not in metrics:
             self._refuse_unlogged(metrics)
             return
+        self.metric_seen = True
         value = metrics[self.metric]
         reached = value >= self.target if self.greater else value <= self.target
         self.streak = self.streak + 1 if reached else 0
@@ -93,10 +94,17 @@ class RewardTargetStoppingCallback(TrainerCallback):
         self._check(logs, state, control)  # evaluation metrics are logged too, so `eval_*` targets work
 
     def _refuse_unlogged(self, metrics: dict) -> None:
-        """The first log of the metric's kind (training, or `eval_*`) without it: a name that is never logged
-        (a typo) would wait forever."""
-        evaluating = any(k.startswith("eval_") for k in metrics)
-        if evaluating != self.metric.startswith("eval_") or (not evaluating and "loss" not in metrics):
+        """Until the metric has been seen once: a log of its kind without it means a name that is never logged
+        (a typo), which would wait forever. Its kind: a training log that carries a round's `reward/*`
+        metrics (later steps of a multi-step round log none), or an evaluation log of the same `eval_<set>_`
+        prefix (each eval set logs on its own)."""
+        if self.metric_seen:
+            return
+        if self.metric.startswith("eval_"):
+            prefix = self.metric.rsplit("_", 1)[0] + "_"
+            if not any(k.startswith(prefix) for k in metrics):
+                return
+        elif not any(k.startswith("reward/") for k in metrics):
             return
         import difflib
 

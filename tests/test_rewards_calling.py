@@ -178,3 +178,40 @@ def test_off_the_main_thread_the_call_is_abandoned_at_the_limit():
     worker.start()
     worker.join(10)
     assert not worker.is_alive() and caught and "its thread is left running" in caught[0]
+
+
+def test_slow_on_the_batch_but_fine_per_sample_is_scored_not_fatal():
+    import time
+
+    def slow_batch(prompts, completions, completion_ids, answer):
+        time.sleep(0.2 * len(answer))  # 0.8 s for the batch, 0.2 s a sample: under a 0.5 s limit alone
+        return [1.0] * len(answer)
+
+    assert _score([("slow", slow_batch)], timeout_s=0.5).rewards.tolist() == [1.0] * 4
+
+
+def test_a_function_that_swallows_the_interruption_still_times_out():
+    import time
+
+    def stubborn(prompts, completions, completion_ids, answer):
+        try:
+            time.sleep(3600)
+        except BaseException:  # noqa: BLE001 - a bare except, as some verifiers have
+            return [0.5] * len(answer)
+
+    result = _score([("stubborn", stubborn)], timeout_s=0.3, on_error="zero")
+    assert result.rewards.tolist() == [0.0] * 4 and result.metrics()["reward/stubborn/errors"] == 4.0
+
+
+def test_an_async_functions_own_timeout_is_its_error_not_ours():
+    async def own_timeout(prompts, completions, completion_ids, answer):
+        raise TimeoutError("the judge's HTTP client gave up")
+
+    with pytest.raises(RuntimeError, match=r"'judge' raised on sample 0 of 4.*TimeoutError: the judge's HTTP client"):
+        _score([("judge", own_timeout)], timeout_s=5.0)
+
+    async def cancelled(prompts, completions, completion_ids, answer):
+        raise asyncio.CancelledError
+
+    with pytest.raises(RuntimeError, match=r"'judge' raised on sample 0 of 4.*'judge' was cancelled"):
+        _score([("judge", cancelled)], timeout_s=5.0)

@@ -15,7 +15,8 @@ from dataclasses import fields
 from pathlib import Path
 
 DEMO_CONFIG = Path(__file__).parent / "demo" / "demo.yaml"
-# What a person can fix from the message alone: the CLI prints it and exits 2 (`--debug`: the traceback).
+# What a person can fix from the message alone: the CLI prints it and exits 2, with the traceback in a file
+# (`--traceback` raises it instead; not `--debug`, which is a TrainingArguments field).
 USER_ERRORS = (ValueError, TypeError, FileNotFoundError, FloatingPointError)
 
 
@@ -138,17 +139,28 @@ def _installed(metadata, distribution: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command; a user error prints one line `verl-hf: error: ...` and returns 2 (`--debug` raises it)."""
+    """The command; a user error prints one line `verl-hf: error: ...`, keeps the traceback in a file and
+    returns 2 (`--traceback` raises it instead)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv
-    argv = [arg for arg in argv if arg != "--debug"]
+    debug = "--traceback" in argv
+    argv = [arg for arg in argv if arg != "--traceback"]
     try:
         return _run_command(argv)
     except USER_ERRORS as error:
         if debug:
             raise
-        print(f"verl-hf: error: {error}\n(run again with --debug for the traceback)", file=sys.stderr)
+        print(f"verl-hf: error: {error}\n(traceback: {_traceback_file(error)}; --traceback shows it here)",
+              file=sys.stderr)
         return 2
+
+
+def _traceback_file(error: BaseException) -> str:
+    import tempfile
+    import traceback
+
+    with tempfile.NamedTemporaryFile("w", prefix="verl-hf-error-", suffix=".txt", delete=False) as f:
+        f.write("".join(traceback.format_exception(error)))
+    return f.name
 
 
 def _run_command(argv: list[str]) -> int:

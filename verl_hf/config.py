@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import json
 import math
 import logging
@@ -67,7 +68,9 @@ ROLLOUT_IS_MASK = Applies("rollout_is is set with rollout_is_mode='mask'",
                           lambda c: c.rollout_is is not None and c.rollout_is_mode == "mask")
 CRITIC = Applies("adv_estimator='gae' (PPO, which trains a critic)",
                  lambda c: advantage_spec(c.adv_estimator).needs_values)
-GAE = Applies("adv_estimator='gae'", lambda c: c.adv_estimator == "gae")
+USES_LAM = Applies("adv_estimator is one that takes lam (gae)",
+                   lambda c: "lam" in inspect.signature(advantage_spec(c.adv_estimator).fn).parameters)
+KL_ADAPTIVE = Applies("kl_controller='adaptive'", lambda c: c.kl_controller == "adaptive")
 
 # When each of these fields takes effect (the others always do); _check_fields_apply refuses one set away from
 # its default where its condition does not hold.
@@ -90,13 +93,13 @@ FIELD_APPLIES = {
     "episode_cost_window_size": SAFE_RL,
     "kl_controller": KL_ON,
     "kl_target": KL_CONTROLLED,
-    "kl_horizon": KL_CONTROLLED,
+    "kl_horizon": KL_ADAPTIVE,
     "kl_pid_gains": KL_PID,
     "kl_kind": KL_ON,
     "rollout_is_mode": ROLLOUT_IS,
     "rollout_is_threshold": ROLLOUT_IS,
     "rollout_is_threshold_low": ROLLOUT_IS_MASK,
-    "lam": GAE,
+    "lam": USES_LAM,
     "critic_learning_rate": CRITIC,
     "cliprange_value": CRITIC,
     "critic_warmup_steps": CRITIC,
@@ -710,7 +713,8 @@ def _check_fields_apply(cfg: VerlConfig) -> None:
         value = getattr(cfg, f.name)
         if value != default:
             raise ValueError(f"{f.name}={value!r} takes effect only when {applies.when}, which this config does not "
-                             f"set; set that too, or leave {f.name} at its default ({default!r}).")
+                             f"set (rollout_engine={cfg.rollout_engine!r}, adv_estimator={cfg.adv_estimator!r}); "
+                             f"set that too, or leave {f.name} at its default ({default!r}).")
 
 
 def _check_nonfinite(cfg: VerlConfig) -> None:

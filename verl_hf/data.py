@@ -62,7 +62,7 @@ def tokenize_prompt(tokenizer, prompt) -> list[int]:
         return tokenizer(prompt).input_ids
     if isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt):
         for i, message in enumerate(prompt):
-            if not isinstance(message.get("content"), (str, list)):
+            if not isinstance(message.get("content"), (str, list)) and not message.get("tool_calls"):
                 raise ValueError(f"chat message {i} ({message.get('role')!r}) of a prompt has no text 'content' "
                                  f"(got {message.get('content')!r}): {str(prompt)[:120]!r}")
         if not getattr(tokenizer, "chat_template", None):

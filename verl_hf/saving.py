@@ -1,6 +1,6 @@
 """Checkpoint folders that are complete or absent: written aside, marked, then renamed into place.
 
-A save writes `checkpoint-N` under `<output_dir>/.verl_hf_partial/` (every process, the Trainer's files and
+A save writes `checkpoint-N` under `<output_dir>/_verl_hf_partial/` (every process, the Trainer's files and
 ours), and once every process is done the main process writes `verl_hf_complete.json` (the step and every
 file's size) into it and renames it to `<output_dir>/checkpoint-N`: a rename is atomic, so `checkpoint-N`
 is either the whole checkpoint or not there. A save killed half-way leaves only the staging folder, which
@@ -23,7 +23,8 @@ import shutil
 
 logger = logging.getLogger(__name__)
 
-STAGING_DIR = ".verl_hf_partial"
+STAGING_DIR = "_verl_hf_partial"  # "_*": left out of the Trainer's Hub uploads of output_dir
+JIT_SENTINEL = "checkpoint-is-incomplete.txt"  # transformers' own mark of a checkpoint being written
 MARKER = "verl_hf_complete.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -87,6 +88,9 @@ def newest_complete(run_dir: str) -> str | None:
     """The newest checkpoint whose files are all there (see `damage`), or None; damaged ones are skipped with
     a warning that names their files."""
     for folder in checkpoints(run_dir):
+        if os.path.exists(os.path.join(folder, JIT_SENTINEL)):
+            logger.warning("skipping %s: transformers marked it incomplete (%s)", folder, JIT_SENTINEL)
+            continue
         bad = damage(folder)
         if bad:
             logger.warning("skipping %s: %s missing or truncated", folder, ", ".join(bad[:5]))
@@ -141,12 +145,14 @@ def save_atomically(trainer, save, model, trial) -> None:
     staging, name = staging_root(run_dir), f"{PREFIX_CHECKPOINT_DIR}-{step}"
     staged, final = os.path.join(staging, name), os.path.join(run_dir, name)
     if args.should_save:
-        shutil.rmtree(staged, ignore_errors=True)  # what a killed save left
+        shutil.rmtree(staging, ignore_errors=True)  # whatever a killed save left, of any step
     _barrier(args)
     push, args.push_to_hub = args.push_to_hub, False  # pushed from the final folder below
     trainer.checkpoint_staging = staging
     try:
         save(model, trial)
+    except FloatingPointError:  # NaN/inf weights were refused before anything was written: not a disk matter
+        raise
     except Exception as e:  # OSError, safetensors' and torch's write errors alike: the folder is not whole
         previous = newest_complete(run_dir)
         raise RuntimeError(f"saving {name} failed while writing under {staged}: {type(e).__name__}: {e}. The "
@@ -155,8 +161,8 @@ def save_atomically(trainer, save, model, trial) -> None:
     finally:
         trainer.checkpoint_staging, args.push_to_hub = None, push
     _barrier(args)
+    _relocate_best(trainer, staging, run_dir, staged, args.should_save)
     if args.should_save:
-        _relocate_best(trainer, staging, run_dir, staged)
         mark_complete(staged, step)
         publish(staged, final)
         rotate_checkpoints(output_dir=run_dir, save_total_limit=args.save_total_limit,
@@ -166,15 +172,16 @@ def save_atomically(trainer, save, model, trial) -> None:
         trainer._push_from_checkpoint(final)
 
 
-def _relocate_best(trainer, staging: str, run_dir: str, staged: str) -> None:
-    """The Trainer recorded a best checkpoint saved in this step under its staging path: point it (in the state
-    and in the saved trainer_state.json) at where it is about to be."""
+def _relocate_best(trainer, staging: str, run_dir: str, staged: str, writes: bool) -> None:
+    """The Trainer recorded a best checkpoint saved in this step under its staging path: point it at where it
+    is about to be, in every process's state (all load it at the end) and, where `writes`, in the saved
+    trainer_state.json."""
     from transformers.trainer import TRAINER_STATE_NAME
 
     best = trainer.state.best_model_checkpoint
     if best and os.path.abspath(best).startswith(os.path.abspath(staging) + os.sep):
         trainer.state.best_model_checkpoint = os.path.join(run_dir, os.path.basename(best))
-        if os.path.exists(os.path.join(staged, TRAINER_STATE_NAME)):
+        if writes and os.path.exists(os.path.join(staged, TRAINER_STATE_NAME)):
             trainer.state.save_to_json(os.path.join(staged, TRAINER_STATE_NAME))
 
 

@@ -25,7 +25,7 @@ from . import publish, saving
 from . import trainer_setup as setup
 from .checkpoint import RLCheckpoint
 from .data import RoundBatchSampler, RoundDataLoader, keep_rows, prepare_datasets, prepare_prompts
-from .distributed import zero_stage
+from .distributed import is_zero3, zero_stage
 from .evaluation import evaluate_rewards
 from .roles import Actor
 from .rollout import make_rollout_engine
@@ -85,7 +85,7 @@ class VerlTrainer(Trainer):
             data_collator=data_collator or keep_rows, train_dataset=train_dataset, eval_dataset=eval_dataset,
             processing_class=tokenizer, callbacks=callbacks, optimizers=optimizers, **trainer_kwargs,
         )
-        setup.check_vocabulary(tokenizer, self.model)
+        setup.check_vocabulary(tokenizer, self.model, self.train_dataset)
         if args.routing_replay:
             moe_routers(self.model)  # not an MoE model, or unknown routers: said before any engine starts
         engine = make_rollout_engine(self.model, tokenizer, args, zero_stage=zero_stage(self.accelerator))
@@ -230,7 +230,8 @@ class VerlTrainer(Trainer):
     def _get_grad_norm(self, model, grad_norm=None):
         """The Trainer's norm, checked before its optimizer step: a NaN/inf one raises or skips the step."""
         grad_norm = super()._get_grad_norm(model, grad_norm)
-        if not self.is_deepspeed_enabled:
+        # fp16's GradScaler skips overflowing steps itself (and lowers its scale): not ours to stop or count.
+        if not self.is_deepspeed_enabled and self.accelerator.scaler is None:
             self.nonfinite.after_gradients(grad_norm, model.parameters(), self.state.global_step + 1)
             self.metrics.record(self.nonfinite.metrics())
         return grad_norm
@@ -295,8 +296,11 @@ class VerlTrainer(Trainer):
         """The Trainer's save (weights, tokenizer), plus verl_config.json; PEFT runs with save_merged_model
         write the merged model (checkpoints keep the adapter, which resuming needs)."""
         critics = {"critic": self.critic, "cost_critic": getattr(self.constraint, "cost_critic", None)}
+        # Pooled over processes only where each holds a shard (ZeRO-3), which saves on every process anyway: a
+        # replicated model is checked where it is saved (a main-process-only save_model must not wait).
+        pooled = self._reduce_sum if is_zero3(self.model) else (lambda t: t)
         check_finite_weights({"policy": self.model, **{k: c.model for k, c in critics.items() if c is not None}},
-                             self._reduce_sum, self.args.device, output_dir or self.args.output_dir)
+                             pooled, self.args.device, output_dir or self.args.output_dir)
         super().save_model(output_dir, _internal_call)
         output_dir = output_dir or self.args.output_dir
         if not self.args.should_save:

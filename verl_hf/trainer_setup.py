@@ -126,22 +126,31 @@ def check_model_paths(model, args: VerlConfig) -> None:
              **{f"reward_model_path[{i}]": p for i, p in enumerate(args.reward_model_path or [])}}
     for name, value in given.items():
         if isinstance(value, (str, os.PathLike)) and _looks_local(str(value)) and not os.path.exists(value):
-            raise FileNotFoundError(f"{name}={str(value)!r}: no such file or directory (a local path; a Hub model "
-                                    f"is named 'org/name').")
+            hint = " (~ is not expanded here: give the full path)" if str(value).startswith("~") else ""
+            raise FileNotFoundError(f"{name}={str(value)!r}: no such file or directory{hint} (a local path; a Hub "
+                                    f"model is named 'org/name').")
 
 
 def _looks_local(value: str) -> bool:
     return value.startswith(("/", ".", "~")) or value.count("/") > 1 or os.sep != "/" and os.sep in value
 
 
-def check_vocabulary(tokenizer, model) -> None:
-    """Token ids the tokenizer can produce all have an embedding row (else the first step fails with IndexError)."""
+def check_vocabulary(tokenizer, model, train_dataset=None) -> None:
+    """Every token id the run feeds the model has an embedding row (else the first step fails with IndexError):
+    the pad, EOS and BOS ids, and the prompts' ids. A tokenizer larger than the embedding is fine as long as
+    the extra ids never occur (some ship an unused added token)."""
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     rows = getattr(embeddings, "num_embeddings", None)
-    if rows is not None and len(tokenizer) > rows:
-        raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model's embedding has {rows} rows: ids "
-                         f"from {rows} on (added tokens, a new pad token) have no embedding. Use the model's own "
-                         f"tokenizer, or model.resize_token_embeddings(len(tokenizer)) before training.")
+    if rows is None or len(tokenizer) <= rows:
+        return
+    used = {name: getattr(tokenizer, f"{name}_token_id", None) for name in ("pad", "eos", "bos")}
+    if train_dataset is not None and "prompt_ids" in train_dataset.column_names:
+        used["largest prompt"] = max((max(ids) for ids in train_dataset["prompt_ids"] if ids), default=None)
+    beyond = {name: i for name, i in used.items() if i is not None and i >= rows}
+    if beyond:
+        raise ValueError(f"token ids {beyond} are beyond the model's embedding ({rows} rows; the tokenizer has "
+                         f"{len(tokenizer)} tokens): they have no embedding. Use the model's own tokenizer, or "
+                         f"model.resize_token_embeddings(len(tokenizer)) before training.")
 
 
 def load_tokenizer(tokenizer, model):

@@ -22,10 +22,12 @@ import asyncio
 import concurrent.futures
 import contextlib
 import inspect
+import logging
 import signal
 import threading
 from typing import Callable
 
+logger = logging.getLogger(__name__)
 ON_ERROR = ("raise", "zero")
 MAX_SAMPLE_TIMEOUTS = 2  # per-sample re-runs of a function that timed out on its batch stop after this many
 _SIGNAL = signal.SIGUSR2  # not SIGALRM: reward code (math-verify) sets its own alarms; SIGUSR1: SLURM requeue
@@ -80,10 +82,14 @@ def run_coroutines(coroutines: list, timeout_s: float | None = None, names: list
     names = names or ["async reward function"] * len(coroutines)
 
     async def bounded(coroutine, name):
+        limit = asyncio.timeout(timeout_s)
         try:
-            return await asyncio.wait_for(coroutine, timeout_s)
-        except asyncio.TimeoutError:
-            raise RewardTimeout(_expired(name, timeout_s)) from None
+            async with limit:
+                return await coroutine
+        except TimeoutError:
+            if limit.expired():  # ours; a TimeoutError of the function's own is its error, as raised
+                raise RewardTimeout(_expired(name, timeout_s)) from None
+            raise
 
     loop = _reward_loop()
     futures = [asyncio.run_coroutine_threadsafe(bounded(c, name), loop) for c, name in zip(coroutines, names)]
@@ -92,18 +98,28 @@ def run_coroutines(coroutines: list, timeout_s: float | None = None, names: list
     if late:
         _abandon_loop(loop)
     blocked = " It blocked the event loop (blocking code inside `async def`)."
-    return [f.exception() or f.result() if f in done else RewardTimeout(_expired(name, timeout_s) + blocked, True)
+    return [_outcome(f, name) if f in done else RewardTimeout(_expired(name, timeout_s) + blocked, True)
             for f, name in zip(futures, names)]
+
+
+def _outcome(future, name: str):
+    """A finished call's result, or its exception (a cancelled one as an error naming the function)."""
+    if future.cancelled():
+        return RuntimeError(f"{name!r} was cancelled (asyncio.CancelledError) before it returned.")
+    return future.exception() or future.result()
 
 
 @contextlib.contextmanager
 def deadline(timeout_s: float | None):
     """Inside, the calling (main) thread is interrupted with `_Expired` once `timeout_s` has passed, then again
-    every second until the block ends. No limit with None, or off the main thread (see `call_sync`)."""
+    every second until the block ends. Yields a one-item list that holds True once the deadline fired (a
+    function may swallow `_Expired` with a bare `except:`; its result then still counts as a timeout). No
+    limit with None, or off the main thread (see `call_sync`)."""
+    fired = [False]
     if timeout_s is None or threading.current_thread() is not threading.main_thread():
-        yield
+        yield fired
         return
-    done, main = threading.Event(), threading.main_thread().ident
+    done, finished, main = threading.Event(), [False], threading.main_thread().ident
 
     def interrupt():
         if not done.wait(timeout_s):
@@ -112,31 +128,38 @@ def deadline(timeout_s: float | None):
                 done.wait(1.0)
 
     def expire(_signum, _frame):
-        if not done.is_set():
+        if not finished[0]:
+            fired[0] = True
             raise _Expired
 
     previous = signal.signal(_SIGNAL, expire)
     watchdog = threading.Thread(target=interrupt, name="verl_hf-reward-deadline", daemon=True)
     watchdog.start()
     try:
-        yield
+        yield fired
     finally:
+        finished[0] = True  # a plain store first: no signal handler can run before it, so none raises below
         done.set()
         watchdog.join()
         signal.signal(_SIGNAL, previous)
 
 
 def call_sync(name: str, func: Callable, kwargs: dict, timeout_s: float | None):
-    """`func(**kwargs)`, its exception, or RewardTimeout past `timeout_s` (an awaitable is returned as is)."""
+    """`func(**kwargs)`, its exception, or RewardTimeout past `timeout_s` (an awaitable is returned as is).
+    Functions marked `runs_collectives` (reward models sharded over processes) run without a limit: a timeout
+    on one process alone would leave the others waiting in a collective."""
+    if getattr(func, "runs_collectives", False):
+        timeout_s = None
     if timeout_s is not None and threading.current_thread() is not threading.main_thread():
         return _in_worker_thread(name, func, kwargs, timeout_s)
     try:
-        with deadline(timeout_s):
-            return func(**kwargs)
+        with deadline(timeout_s) as fired:
+            out = func(**kwargs)
     except _Expired:
         return RewardTimeout(_expired(name, timeout_s))
     except Exception as exc:  # noqa: BLE001 - handled by the caller, with the function's name
-        return exc
+        return RewardTimeout(_expired(name, timeout_s)) if fired[0] else exc
+    return RewardTimeout(_expired(name, timeout_s) + " (it caught the interruption itself)") if fired[0] else out
 
 
 def _in_worker_thread(name: str, func: Callable, kwargs: dict, timeout_s: float):
@@ -208,14 +231,18 @@ def recover(name: str, func: Callable, batch: dict, n: int, error: Exception, on
     failed = [i for i, r in enumerate(results) if isinstance(r, Exception)]
     if on_error == "zero":
         return [None if isinstance(r, Exception) else r for r in results]
+    if not failed and isinstance(error, RewardTimeout):  # slow on the whole batch, fine sample by sample
+        logger.warning("reward function %r took longer than reward_timeout_s on the whole batch of %d; scored one "
+                       "sample at a time instead (raise reward_timeout_s to avoid the second pass).", name, n)
+        return results
     if not failed:
-        what = "timed out" if isinstance(error, RewardTimeout) else "raised"
-        raise RuntimeError(f"reward function {name!r} {what} on the whole batch of {n}, though each sample alone "
+        raise RuntimeError(f"reward function {name!r} raised on the whole batch of {n}, though each sample alone "
                            f"passes: {type(error).__name__}: {error}") from error
     index, exc = failed[0], results[failed[0]]
     prompt = str(batch["prompts"][index])[:80]
     what, fix = (("timed out", "Make it faster or raise reward_timeout_s") if isinstance(exc, RewardTimeout)
                  else ("raised", "Fix the function"))
     raise RuntimeError(f"reward function {name!r} {what} on sample {index} of {n} ({len(failed)} fail; prompt "
-                       f"{prompt!r}): {type(exc).__name__}: {str(exc).rstrip('.')}. {fix}, or set reward_on_error='zero' to score "
-                       f"failing samples 0 and count them (reward/{name}/errors).") from exc
+                       f"{prompt!r}): {type(exc).__name__}: {str(exc).rstrip('.')}. {fix}, or set "
+                       f"reward_on_error='zero' to score failing samples 0 and count them (reward/{name}/errors).") \
+        from exc

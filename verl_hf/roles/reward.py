@@ -19,6 +19,9 @@ from .base import Role
 
 
 class RewardModel(Role):
+    # Its forward may be sharded (ZeRO-3) and run collectives: reward_timeout_s does not interrupt it on one
+    # process alone (rewards/calling.py).
+    runs_collectives = True
     from transformers import AutoModelForSequenceClassification as auto_class
 
     frozen = True
