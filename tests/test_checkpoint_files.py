@@ -93,3 +93,11 @@ def test_publishing_the_same_step_again_replaces_it_whole(tmp_path):
     assert (final / "a").read_bytes() == b"new" and not staged.exists()
     assert json.loads((final / saving.MARKER).read_text())["step"] == 5
     assert not Path(f"{final}.replaced").exists()
+
+
+def test_a_kill_between_the_two_renames_loses_nothing(tmp_path):
+    """Saving a step again moves the old folder aside first; killed right then, the old one comes back."""
+    old = _checkpoint(tmp_path, 5, {"a": b"old"})
+    old.rename(f"{old}.replaced")  # what publish() had done when it was killed
+    assert saving.newest_complete(str(tmp_path)) == str(old)
+    assert (old / "a").read_bytes() == b"old" and not Path(f"{old}.replaced").exists()

@@ -15,6 +15,7 @@ See it work: tests/test_checkpoint_files.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -76,9 +77,16 @@ def damage(folder: str) -> list[str] | None:
 
 
 def checkpoints(run_dir: str) -> list[str]:
-    """`checkpoint-N` folders of `run_dir`, newest first."""
+    """`checkpoint-N` folders of `run_dir`, newest first. A `checkpoint-N.replaced` without its `checkpoint-N`
+    (a save of the same step killed between `publish`'s two renames) is put back first."""
     if not os.path.isdir(run_dir):
         return []
+    for name in os.listdir(run_dir):
+        if name.endswith(".replaced") and _CHECKPOINT.match(name[: -len(".replaced")]):
+            final = os.path.join(run_dir, name[: -len(".replaced")])
+            if not os.path.exists(final):
+                with contextlib.suppress(OSError):  # another process put it back first
+                    os.rename(os.path.join(run_dir, name), final)
     found = [(int(m.group(1)), name) for name in os.listdir(run_dir)
              if (m := _CHECKPOINT.match(name)) and os.path.isdir(os.path.join(run_dir, name))]
     return [os.path.join(run_dir, name) for _, name in sorted(found, reverse=True)]
