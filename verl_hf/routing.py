@@ -161,7 +161,6 @@ class RoutingReplay:
 
     def __init__(self, model):
         self.routers = moe_routers(model)
-        self.shape = route_shape(self.routers)
         self._routes: torch.Tensor | None = None  # (rows * positions, L, k) of the forward being run
         self._agree: torch.Tensor | int = 0
         self._total: torch.Tensor | int = 0
@@ -215,7 +214,9 @@ class RoutingReplay:
             raise RuntimeError(f"routing replay holds routes for {self._routes.shape[0]} tokens, but the router of "
                                f"layer {layer} was called on {live.shape[0]}: replay a batch's routes only around "
                                f"a forward over that batch's prompt + response columns.")
-        recorded = self._routes[:, layer].to(live.device, torch.long)
+        if self._routes.device != live.device:  # once per forward, at its first MoE layer, not once per layer
+            self._routes = self._routes.to(live.device)
+        recorded = self._routes[:, layer].long()
         replayed = (recorded != NO_ROUTE).all(dim=-1, keepdim=True)
         if not in_backward:
             with torch.no_grad():  # counted on the device: no host sync per layer

@@ -28,6 +28,7 @@ STAGING_DIR = "_verl_hf_partial"  # "_*": left out of the Trainer's Hub uploads 
 JIT_SENTINEL = "checkpoint-is-incomplete.txt"  # transformers' own mark of a checkpoint being written
 MARKER = "verl_hf_complete.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+_ASIDE = ".replaced"  # a checkpoint folder moved aside while the same step is published again
 
 
 def staging_root(run_dir: str) -> str:
@@ -53,7 +54,7 @@ def publish(staged: str, final: str) -> None:
     replaced only once the new one is in place."""
     old = None
     if os.path.exists(final):
-        old = f"{final}.replaced"
+        old = final + _ASIDE
         shutil.rmtree(old, ignore_errors=True)
         os.rename(final, old)
     os.rename(staged, final)
@@ -82,8 +83,8 @@ def checkpoints(run_dir: str) -> list[str]:
     if not os.path.isdir(run_dir):
         return []
     for name in os.listdir(run_dir):
-        if name.endswith(".replaced") and _CHECKPOINT.match(name[: -len(".replaced")]):
-            final = os.path.join(run_dir, name[: -len(".replaced")])
+        if name.endswith(_ASIDE) and _CHECKPOINT.match(name[: -len(_ASIDE)]):
+            final = os.path.join(run_dir, name[: -len(_ASIDE)])
             if not os.path.exists(final):
                 with contextlib.suppress(OSError):  # another process put it back first
                     os.rename(os.path.join(run_dir, name), final)

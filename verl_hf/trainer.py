@@ -27,11 +27,11 @@ from .checkpoint import RLCheckpoint
 from .data import RoundBatchSampler, RoundDataLoader, keep_rows, prepare_datasets, prepare_prompts
 from .distributed import is_zero3, zero_stage
 from .evaluation import evaluate_rewards
+from .nonfinite import NonFiniteGuard, check_finite_loss, check_finite_weights
 from .roles import Actor
 from .rollout import make_rollout_engine
 from .round import RewardStage, RoundBuilder
 from .routing import moe_routers
-from .nonfinite import NonFiniteGuard, check_finite_loss, check_finite_weights
 from .safety import NoConstraint
 from .state import KLMeter, MetricBuffer, RoundInProgress, token_weighted
 from .sync import WeightSync
@@ -295,11 +295,10 @@ class VerlTrainer(Trainer):
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """The Trainer's save (weights, tokenizer), plus verl_config.json; PEFT runs with save_merged_model
         write the merged model (checkpoints keep the adapter, which resuming needs)."""
-        critics = {"critic": self.critic, "cost_critic": getattr(self.constraint, "cost_critic", None)}
         # Pooled over processes only where each holds a shard (ZeRO-3), which saves on every process anyway: a
         # replicated model is checked where it is saved (a main-process-only save_model must not wait).
         pooled = self._reduce_sum if is_zero3(self.model) else (lambda t: t)
-        check_finite_weights({"policy": self.model, **{k: c.model for k, c in critics.items() if c is not None}},
+        check_finite_weights({"policy": self.model, **{prefix: c.model for c, _, _, prefix in self.critics}},
                              pooled, self.args.device, output_dir or self.args.output_dir)
         super().save_model(output_dir, _internal_call)
         output_dir = output_dir or self.args.output_dir
