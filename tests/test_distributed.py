@@ -21,7 +21,7 @@ from verl_hf.runner import run_training
 script, config = parse_config(sys.argv[1], sys.argv[2:])
 summary = run_training(script, config)
 with open(os.path.join(config.output_dir, f"rank{os.environ['RANK']}.json"), "w") as f:
-    json.dump(summary, f)
+    json.dump({**summary, "world_size": config.world_size}, f)
 """
 
 
@@ -182,3 +182,50 @@ def test_ppo_critic_under_ddp_and_zero3_and_exact_zero3_resume(tmp_path):
     assert [s for s, _, _ in resumed] == [5, 6, 7, 8]
     for (step, loss, value_loss), (_, again, value_again) in zip(zero3[4:], resumed):
         assert again == pytest.approx(loss, abs=1e-6) and value_again == pytest.approx(value_loss, abs=1e-6), step
+
+
+def _two_nodes(tmp_path, out: Path, flags: list[str]) -> float:
+    """Two "machines" on this one: two `accelerate launch` commands of one process each, ranks 0 and 1,
+    meeting at 127.0.0.1 as a cluster's nodes meet at the head node (a shared filesystem, as on most
+    clusters). Returns the wall seconds of the slower node."""
+    import time
+
+    script = tmp_path / "run.py"
+    script.write_text(SCRIPT)
+    port, started = str(_free_port()), time.perf_counter()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
+    nodes = [subprocess.Popen(
+        [sys.executable, "-m", "accelerate.commands.launch", *MODES["ddp"], "--num_machines", "2",
+         "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", port,
+         "--num_processes", "2", "--mixed_precision", "no", "--dynamo_backend", "no", str(script),
+         str(REPO / "examples/configs/demo.yaml"), "--output_dir", str(out), "--bf16", "false", "--logging_steps",
+         "1", "--use_cpu", "false", "--eval_strategy", "no", "--per_device_train_batch_size", "32", *flags],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env) for rank in (0, 1)]
+    try:
+        errors = [node.communicate(timeout=900)[1] for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    for rank, (node, error) in enumerate(zip(nodes, errors)):
+        assert node.returncode == 0, f"node {rank} exited {node.returncode}:\n{error[-3000:]}"
+    return time.perf_counter() - started
+
+
+def test_two_nodes_on_one_machine_train_checkpoint_and_resume(tmp_path):
+    """`--num_machines 2 --machine_rank {0,1} --main_process_ip 127.0.0.1`: the two nodes train together
+    (one pooled log, both ranks agree), checkpoint at step 2, and a run resumed from that checkpoint on two
+    nodes again repeats steps 3-4 exactly."""
+    checkpointed = ["--max_steps", "4", "--save_strategy", "steps", "--save_steps", "2"]
+    _two_nodes(tmp_path, tmp_path / "run", checkpointed)
+    _two_nodes(tmp_path, tmp_path / "resumed",
+               [*checkpointed, "--resume_from_checkpoint", str(tmp_path / "run" / "checkpoint-2")])
+    ranks = [json.loads((tmp_path / "run" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["world_size"] == ranks[1]["world_size"] == 2  # one job, not two independent ones
+    assert ranks[0]["steps"] == ranks[1]["steps"] == 4 and ranks[0]["reward_first"] == ranks[1]["reward_first"]
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoint-2").glob("rng_state_*.pth")) == [
+        "rng_state_0.pth", "rng_state_1.pth"]  # each node's process saved its own state
+    logs = {run: [(h["step"], h["loss"], h["reward/mean"]) for h in
+                  json.loads((tmp_path / run / "log_history.json").read_text()) if "reward/mean" in h]
+            for run in ("run", "resumed")}
+    assert [s for s, _, _ in logs["run"]] == [1, 2, 3, 4]
+    assert logs["resumed"][-2:] == logs["run"][-2:]  # steps 3 and 4 again, bit for bit

@@ -110,3 +110,27 @@ def test_a_role_skips_a_step_with_a_non_finite_gradient():
     assert torch.equal(role.model.weight, before) and role.model.weight.grad is None
     role.model(torch.ones(1, 2)).sum().backward()
     assert math.isfinite(role.step()) and not torch.equal(role.model.weight, before)
+
+
+@pytest.mark.parametrize("mode", ["raise", "skip"])
+def test_a_critic_step_with_a_nonfinite_gradient_is_never_applied(mode, tmp_path, warm_start_dir, policy, tokenizer):
+    """Returns of inf give the value loss an inf gradient: the critic's weights stay as they were, and the
+    step stops the run ("raise") or is counted (`critic/skipped_step`)."""
+    from verl_hf import Actor, Critic
+    from verl_hf.update import PolicyUpdate
+
+    critic = Critic.from_pretrained(warm_start_dir, learning_rate=1e-2)
+    batch = Actor(policy, tokenizer).generate_sequences(["What is 12 plus 34?\n"], max_new_tokens=6,
+                                                        num_return_sequences=2, seed=0)
+    batch.values = torch.zeros(batch.response_ids.shape)
+    batch.returns = torch.full(batch.response_ids.shape, float("inf"))
+    batch.loss_norm = None  # token-mean over this batch
+    before = {k: v.clone() for k, v in critic.model.state_dict().items()}
+    update = PolicyUpdate(small_config(tmp_path, on_nonfinite=mode), kl_controller=None)
+    if mode == "raise":
+        with pytest.raises(FloatingPointError, match="the critic's gradient norm is"):
+            update.critic_step(batch, critic, "values", "returns", "critic", optimizer_step=True)
+    else:
+        out = update.critic_step(batch, critic, "values", "returns", "critic", optimizer_step=True)
+        assert out["critic/skipped_step"] == 1.0 and not math.isfinite(out["critic/grad_norm"])
+    assert all(torch.equal(before[k], v) for k, v in critic.model.state_dict().items())

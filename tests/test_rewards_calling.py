@@ -139,8 +139,10 @@ def test_a_function_that_never_returns_is_stopped_and_names_the_sample(func):
 
     start = time.monotonic()
     with pytest.raises(RuntimeError, match=r"'judge' timed out on sample 2 of 4 \(1 fail; prompt 'p2'\): "
-                                           r"RewardTimeout: 'judge' did not return within reward_timeout_s=0.5"):
+                                           r"RewardTimeout: 'judge' did not return within reward_timeout_s=0.5") as caught:
         _score([("judge", func)], timeout_s=0.5)
+    if func is _blocks_the_loop_on_two:  # the loop was replaced: clients bound to the old one need remaking
+        assert "must be created again" in str(caught.value)
     assert time.monotonic() - start < 5  # the batch call, then the samples within one more limit (+ grace)
     start = time.monotonic()
     result = _score([("judge", func)], timeout_s=0.5, on_error="zero")

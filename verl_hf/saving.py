@@ -174,6 +174,8 @@ def save_atomically(trainer, save, model, trial) -> None:
     if args.should_save:
         mark_complete(staged, step)
         publish(staged, final)
+        with contextlib.suppress(OSError):  # empty now: no stray folder beside the checkpoints
+            os.rmdir(staging)
         rotate_checkpoints(output_dir=run_dir, save_total_limit=args.save_total_limit,
                            best_model_checkpoint=trainer.state.best_model_checkpoint, use_mtime=True)
     _barrier(args)

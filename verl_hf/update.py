@@ -89,7 +89,8 @@ class PolicyUpdate:
         if critic.steps_every_micro_step or optimizer_step:
             norm = critic.step()  # a NaN/inf norm's step is not taken (TrainableRole.step)
             if norm is not None:
-                out[f"{prefix}/grad_norm"] = norm
+                # 1 for a step whose update was dropped: its mean over a logging window is the share skipped
+                out[f"{prefix}/grad_norm"], out[f"{prefix}/skipped_step"] = norm, float(not math.isfinite(norm))
             if norm is not None and not math.isfinite(norm) and self.args.on_nonfinite == "raise":
                 raise FloatingPointError(f"the {prefix}'s gradient norm is {norm}; its optimizer step was not taken. "
                                          f"Lower critic_learning_rate, or set on_nonfinite='skip'.")

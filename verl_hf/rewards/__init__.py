@@ -3,6 +3,7 @@
 scorers.py   -- pure per-string scorers (GSM8K answer extraction, exact match)
 verifiers.py -- math answers (math-verify), regex format, length, code run against tests
 sandbox.py   -- running generated code in a limited subprocess, never in the trainer
+                (sandbox_child.py: its child side, the kernel's filters and the audit hook)
 functions.py -- batch reward functions, built-ins, and config-string loading
 calling.py   -- sync and async functions, and what a raised exception becomes
 combine.py   -- run several reward functions on a batch, weight and combine
@@ -19,7 +20,7 @@ from verl_hf.rewards.functions import (
     gsm8k_reward,
     resolve_reward_funcs,
 )
-from verl_hf.rewards.sandbox import SandboxResult, run_code
+from verl_hf.rewards.sandbox import SandboxResult, report_sandbox, run_code, sandbox_guarantees, sandbox_layers
 from verl_hf.rewards.verifiers import code_reward, length_reward, math_verify_reward, regex_reward
 from verl_hf.rewards.scorers import (
     exact_match_score,
@@ -35,7 +36,10 @@ __all__ = [
     "length_reward",
     "math_verify_reward",
     "regex_reward",
+    "report_sandbox",
     "run_code",
+    "sandbox_guarantees",
+    "sandbox_layers",
     "exact_match_reward",
     "exact_match_score",
     "extract_gsm8k_answer",

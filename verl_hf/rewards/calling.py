@@ -97,7 +97,9 @@ def run_coroutines(coroutines: list, timeout_s: float | None = None, names: list
     done, late = concurrent.futures.wait(futures, timeout=grace)
     if late:
         _abandon_loop(loop)
-    blocked = " It blocked the event loop (blocking code inside `async def`)."
+    blocked = (" It blocked the event loop (blocking code inside `async def`), so later calls run on a new loop:"
+               " async clients created on the old one (httpx.AsyncClient, AsyncOpenAI) must be created again "
+               "(per call, or keyed by asyncio.get_running_loop()).")
     return [_outcome(f, name) if f in done else RewardTimeout(_expired(name, timeout_s) + blocked, True)
             for f, name in zip(futures, names)]
 

@@ -26,6 +26,7 @@ from typing import Callable
 
 from verl_hf.rewards.columns import ground_truths as _ground_truths
 from verl_hf.rewards.columns import score_each as _score_each
+from verl_hf.rewards.sandbox import report_sandbox
 from verl_hf.rewards.scorers import (
     exact_match_score, extract_gsm8k_answer, gsm8k_score)
 from verl_hf.rewards.verifiers import code_reward, length_reward, math_verify_reward, regex_reward
@@ -160,4 +161,6 @@ def resolve_reward_funcs(specs) -> list[tuple[str, Callable]]:
     if not resolved:
         raise ValueError("resolve_reward_funcs: got no reward functions; "
                          "pass at least one, e.g. ['gsm8k']")
+    if any(getattr(func, "uses_sandbox", False) for _, func in resolved):
+        report_sandbox()  # what this kernel enforces, said at start-up rather than discovered later
     return resolved

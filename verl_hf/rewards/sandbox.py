@@ -1,29 +1,40 @@
-"""Run generated code in a sandbox: never inside the trainer's process.
+"""Run generated code in a sandbox: never inside the trainer's process, and held by the kernel where it allows.
 
 Each program runs in a fresh subprocess (its own session), in a temporary working directory that is deleted
-afterwards, with
-- a wall-clock timeout (the whole session is killed),
-- CPU-time, address-space and file-size limits (setrlimit, set before the program starts; changing them is
-  refused),
-- no new programs: a seccomp filter makes execve fail (Linux x86_64 and aarch64),
-- no network: a network namespace of its own when the kernel allows unprivileged ones (`unshare -rn`), and
-  in any case a Python audit hook that refuses sockets,
-- no writes (or directory handles) outside its directory, no new processes, no signals to other processes
-  and no native libraries (the audit hook; installed before the program runs, it cannot be removed).
-- output to files, capped by the file-size limit (a print loop cannot fill the trainer's memory).
+afterwards, with a wall-clock timeout (the whole process group is killed), CPU-time, address-space and
+file-size limits, no capabilities, output to files (a print loop cannot fill the trainer's memory), and four
+layers, each installed before the program's first line and none removable by it (the child side, with the
+details: sandbox_child.py):
+
+- "seccomp": no new processes or programs, no sockets but a socketpair, no changes to files' metadata, no
+  memfd, io_uring, ptrace, mounts or namespaces; threads work. Linux x86_64/aarch64.
+- "landlock": reads only where the interpreter's own files are, writes only under the working directory,
+  for every route, native code (sqlite, ctypes) included; no execution of files; no TCP (ABI >= 4); no
+  signals to processes outside (ABI >= 6). Linux >= 5.13 with Landlock enabled.
+- "namespaces": network, PID and mount namespaces of its own (`unshare`; a user namespace too unless the
+  trainer runs as root): no network interface but an unconfigured loopback, every process it made dies with
+  it, and its directory is a tmpfs of `file_mb` (total disk use bounded).
+- "audit": a Python audit hook with the same rules and messages that say what was refused. Everywhere, but
+  Python-level only.
+
+`sandbox_layers()` says which layers this machine enforces (each installed once in a probe program, so a
+container that forbids one shows it), `sandbox_guarantees()` what that adds up to, and `report_sandbox()`
+logs it once (resolve_reward_funcs calls it when the `code` reward is configured).
 
 A program passes only if it runs to its end: the guard then prints a one-time marker (read from stdin before
-the program starts). `sys.exit(0)` or `os._exit(0)` before the tests therefore fails instead of passing.
-
-The audit hook is a Python-level guard, not an OS jail (a program that walks interpreter frames or patches
-the standard library can get around parts of it): at scale run untrusted code inside a container too.
+the program starts). `sys.exit(0)` or `os._exit(0)` before the tests therefore fails instead of passing. The
+marker lives in the interpreter's memory: the audit hook refuses the introspection that reaches it (the
+garbage collector's lists, other threads' frames, tracing), but no kernel layer can see inside the
+interpreter, so a program that walks its own frames up to the guard's can still find it.
 
 See it work: tests/test_sandbox.py.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import platform
 import secrets
 import shutil
 import signal
@@ -34,91 +45,25 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-# Runs first in the child: limits, the audit hook, then the program; the marker only if it ran to its end.
-_GUARD = r'''
-import sys
+logger = logging.getLogger(__name__)
 
-def _no_exec():
-    """A seccomp filter: execve/execveat fail with EPERM from now on, whatever the Python code does (the OS-level
-    block on new programs; the audit hook below also refuses the Python-level calls). Linux x86_64/aarch64."""
-    import ctypes, platform, struct
-    numbers = {"x86_64": (59, 322), "aarch64": (221, 281)}.get(platform.machine())
-    if numbers is None:
-        return
-    program = [(0x20, 0, 0, 0),                # load the syscall number
-               (0x15, 2, 0, numbers[0]),       # execve   -> EPERM
-               (0x15, 1, 0, numbers[1]),       # execveat -> EPERM
-               (0x06, 0, 0, 0x7FFF0000),       # allow
-               (0x06, 0, 0, 0x00050001)]       # errno EPERM
-    raw = b"".join(struct.pack("HBBI", *op) for op in program)
-    buffer = ctypes.create_string_buffer(raw, len(raw))
-
-    class Prog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(38, 1, 0, 0, 0) or libc.prctl(22, 2, ctypes.byref(Prog(len(program), ctypes.addressof(buffer))), 0, 0):
-        raise OSError(ctypes.get_errno(), "sandbox: could not install the seccomp filter")
-
-def _guarded(cpu_s, memory, file_size, as_main):
-    import os, resource, traceback
-    marker = sys.stdin.readline().strip()
-    for limit, value in ((resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_AS, memory),
-                         (resource.RLIMIT_FSIZE, file_size), (resource.RLIMIT_CORE, 0)):
-        resource.setrlimit(limit, (value, value))
-    _no_exec()
-    realpath, fsdecode, isdir = os.path.realpath, os.fsdecode, os.path.isdir
-    writes = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-    root = realpath(os.getcwd())
-    prefix = root + os.sep
-    blocked = frozenset(("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
-                         "os.forkpty", "pty.spawn", "ctypes.dlopen", "ctypes.dlsym", "sys.addaudithook",
-                         "os.kill", "os.killpg", "signal.pthread_kill", "resource.setrlimit", "resource.prlimit",
-                         "os.mkfifo", "os.mknod"))
-    changes = frozenset(("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.symlink",
-                         "os.link", "os.truncate", "os.utime", "shutil.rmtree", "shutil.copyfile", "shutil.move"))
-
-    def inside(path):
-        if isinstance(path, int):
-            return True
-        real = realpath(fsdecode(path))
-        return real == root or real.startswith(prefix) or real == "/dev/null"
-
-    def guard(event, args):
-        if event.startswith("socket."):
-            raise PermissionError(f"sandbox: network access is blocked ({event})")
-        if event in blocked:
-            raise PermissionError(f"sandbox: {event} is blocked")
-        if event == "open":
-            path, mode, flags = args
-            wants_write = any(c in mode for c in "wax+") if mode is not None else bool(flags & writes)
-            if not inside(path) and (wants_write or isdir(fsdecode(path))):
-                raise PermissionError(f"sandbox: writing (or a directory handle) outside the working directory "
-                                      f"is blocked ({path})")
-        elif event in changes and not all(inside(a) for a in args[:2] if isinstance(a, (str, bytes))):
-            raise PermissionError(f"sandbox: {event} outside the working directory is blocked")
-
-    sys.addaudithook(guard)
-    sys.argv = ["main.py"]
-    with open("main.py") as source:
-        code = compile(source.read(), "main.py", "exec")
-    try:
-        exec(code, {"__name__": "__main__" if as_main else "__sandbox__"})
-    except SystemExit as stop:
-        if not as_main or stop.code not in (None, 0):
-            print(f"sandbox: the program exited early (SystemExit({stop.code!r}))", file=sys.stderr)
-            sys.stderr.flush()
-            os._exit(stop.code if isinstance(stop.code, int) and stop.code else 1)
-    except BaseException:
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
-    sys.stdout.write("\n" + marker + "\n")
-    sys.stdout.flush()
-    os._exit(0)  # no atexit handlers of the program after the marker
-
-_guarded(*(int(a) for a in sys.argv[1:5]))
-'''
+LAYERS = ("seccomp", "landlock", "namespaces", "audit")
+_CHILD = Path(__file__).with_name("sandbox_child.py")
+_UNSHARE = ["unshare", "--mount", "--net", "--pid", "--fork", "--kill-child"]  # + a user namespace unless root
+_USER_NAMESPACE = ["--user", "--map-root-user"]
+# Each promise: its parts, and the layers any one of which keeps that part ("landlock4": Landlock ABI >= 4).
+_PROMISES = {
+    "no process outlives the call": {"processes": ("seccomp", "namespaces")},
+    "no new programs": {"execve": ("seccomp", "landlock")},
+    "no writes outside its directory": {"contents and names": ("landlock",),
+                                        "modes, owners, times, extended attributes": ("seccomp",)},
+    "no reads outside the interpreter's files": {"reads": ("landlock",)},
+    "no network": {"TCP": ("seccomp", "namespaces", "landlock4"), "UDP": ("seccomp", "namespaces"),
+                   "unix sockets": ("seccomp",)},
+    "no signals to other processes": {"signals": ("namespaces", "landlock6")},
+    "memory and disk bounded": {"memory outside the address-space limit (memfd)": ("seccomp",),
+                                "total disk use (each file is capped anyway)": ("namespaces",)},
+}
 
 
 @dataclass
@@ -135,32 +80,79 @@ class SandboxResult:
 
 
 @lru_cache(maxsize=1)
-def network_namespace_available() -> bool:
-    """Whether `unshare -rn` (an unprivileged network namespace) works on this machine."""
-    if shutil.which("unshare") is None:
-        return False
-    try:
-        return subprocess.run(["unshare", "-rn", "true"], capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
+def sandbox_layers() -> dict[str, str | None]:
+    """Each layer of LAYERS -> how this machine enforces it, or None where it cannot: detected, then each
+    kernel layer installed alone in a probe program (once per process)."""
+    linux = sys.platform == "linux"
+    seccomp = linux and platform.machine() in ("x86_64", "aarch64") and _proc_status_has("Seccomp")
+    abi = _landlock_abi() if linux else 0
+    unshare = _working_unshare() if linux else None
+    found = {"seccomp": "seccomp filter" if seccomp else None, "landlock": f"Landlock ABI {abi}" if abi else None,
+             "namespaces": " ".join(unshare[1:unshare.index("--fork")]).replace("--", "") + " namespaces"
+             if unshare else None, "audit": "Python audit hook"}
+    for layer in ("seccomp", "landlock", "namespaces"):
+        if found[layer] and not _execute("print('ok')", (layer,), 10.0, 256, 4, 1_000, True).passed:
+            logger.warning("code sandbox: the %s layer is present but could not be installed here", layer)
+            found[layer] = None
+    return found
+
+
+def sandbox_guarantees() -> dict[str, str]:
+    """Each promise -> the layers that keep each of its parts on this machine, or 'NOT enforced ...'."""
+    layers = sandbox_layers()
+    abi = int(layers["landlock"].split()[-1]) if layers["landlock"] else 0
+    names = {**layers, "landlock4": layers["landlock"] if abi >= 4 else None,
+             "landlock6": layers["landlock"] if abi >= 6 else None}
+    out = {}
+    for promise, parts in _PROMISES.items():
+        held = {part: sorted({names[n] for n in keepers if names[n]}) for part, keepers in parts.items()}
+        missing = [part for part, by in held.items() if not by]
+        kept = "; ".join(f"{part}: {' + '.join(by)}" if len(parts) > 1 else " + ".join(by)
+                         for part, by in held.items() if by)
+        out[promise] = (f"NOT enforced by the kernel here ({', '.join(missing)}: audit hook only)"
+                        + (f"; {kept}" if kept else "")) if missing else kept
+    return out
+
+
+@lru_cache(maxsize=1)
+def report_sandbox() -> dict[str, str]:
+    """Log, once per process, what the sandbox guarantees on this machine; a warning where the kernel does
+    not enforce something. Returns sandbox_guarantees()."""
+    guarantees = sandbox_guarantees()
+    weak = [promise for promise, how in guarantees.items() if how.startswith("NOT")]
+    lines = "; ".join(f"{promise}: {how}" for promise, how in guarantees.items())
+    if weak:
+        logger.warning("code sandbox: %s. Where the kernel does not hold a promise, run untrusted code in a "
+                       "container or VM too (README, 'The code sandbox').", lines)
+    else:
+        logger.info("code sandbox: %s.", lines)
+    return guarantees
 
 
 def run_code(code: str, stdin: str = "", timeout_s: float = 5.0, memory_mb: int = 512, file_mb: int = 16,
-             max_output_chars: int = 10_000, as_main: bool = True) -> SandboxResult:
+             max_output_chars: int = 10_000, as_main: bool = True,
+             layers: tuple[str, ...] | None = None) -> SandboxResult:
     """Run a Python program in the sandbox. `as_main=False` runs it with `__name__ != "__main__"` (a solution
-    under test: its own main block does not run) and counts any `SystemExit` as not finished. stdout/stderr
-    are cut to `max_output_chars`."""
+    under test: its own main block does not run) and counts any `SystemExit` as not finished. `file_mb` caps
+    each file, and with the namespaces layer the directory's total. stdout/stderr are cut to
+    `max_output_chars`. `layers`: a subset of LAYERS (default: every one this machine has); asking for one
+    the machine lacks is an error."""
+    return _execute(code, _chosen_layers(layers), timeout_s, memory_mb, file_mb, max_output_chars, as_main, stdin)
+
+
+def _execute(code: str, layers: tuple[str, ...], timeout_s: float, memory_mb: int, file_mb: int,
+             max_output_chars: int, as_main: bool, stdin: str = "") -> SandboxResult:
     marker = secrets.token_hex(16)
     limits = [str(max(1, int(timeout_s) + 1)), str(memory_mb * 2**20), str(file_mb * 2**20), str(int(as_main))]
-    cmd = [sys.executable, "-I", "-c", _GUARD, *limits]  # -I: no user site, no PYTHON* variables
-    if network_namespace_available():
-        cmd = ["unshare", "-rn", *cmd]
+    cmd = [sys.executable, "-I", "-B", str(_CHILD), *limits, ",".join(layers) or "none"]
+    if "namespaces" in layers:
+        cmd = [*_working_unshare(), *cmd]
     with tempfile.TemporaryDirectory(prefix="verl_hf_sandbox_") as root:
         workdir = Path(root, "work")
         workdir.mkdir()
         (workdir / "main.py").write_text(code)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "HOME": str(workdir),
-               "OMP_NUM_THREADS": "1"}
+               "TMPDIR": str(workdir), "OMP_NUM_THREADS": "1"}
         with open(Path(root, "stdout"), "w+b") as out, open(Path(root, "stderr"), "w+b") as err:
             # start_new_session, not preexec_fn: forking a multi-threaded trainer with preexec_fn can deadlock.
             proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdin=subprocess.PIPE, stdout=out, stderr=err,
@@ -178,6 +170,50 @@ def run_code(code: str, stdin: str = "", timeout_s: float = 5.0, memory_mb: int 
         stdout = stdout.rstrip("\n")[: -len(marker)].removesuffix("\n")
     return SandboxResult(None if timed_out else proc.returncode, stdout[:max_output_chars],
                          stderr[:max_output_chars], timed_out, finished)
+
+
+def _chosen_layers(layers) -> tuple[str, ...]:
+    available = tuple(name for name, how in sandbox_layers().items() if how)
+    if layers is None:
+        return available
+    unknown = sorted(set(layers) - set(LAYERS))
+    missing = sorted(set(layers) - set(available) - set(unknown))
+    if unknown or missing:
+        raise ValueError(f"run_code(layers={tuple(layers)!r}): " + (f"unknown {unknown} (choose from {LAYERS})"
+                         if unknown else f"{missing} not available on this machine (it has {available})"))
+    return tuple(name for name in LAYERS if name in layers)
+
+
+def _proc_status_has(key: str) -> bool:
+    try:
+        return any(line.startswith(key + ":") for line in open("/proc/self/status"))
+    except OSError:
+        return False
+
+
+def _landlock_abi() -> int:
+    try:
+        from .sandbox_child import landlock_abi
+    except (OSError, AttributeError, TypeError):  # no C library to ask
+        return 0
+    return landlock_abi()
+
+
+@lru_cache(maxsize=1)
+def _working_unshare() -> list[str] | None:
+    """The `unshare` command that gives the program its namespaces here, or None. As root, without a user
+    namespace first (the program then keeps root's uid, with every capability dropped); otherwise, or where
+    that is refused (a container without CAP_SYS_ADMIN), inside a user namespace of its own."""
+    if shutil.which("unshare") is None:
+        return None
+    forms = [_UNSHARE, [_UNSHARE[0], *_USER_NAMESPACE, *_UNSHARE[1:]]]
+    for form in forms if os.geteuid() == 0 else forms[1:]:
+        try:
+            if subprocess.run([*form, "true"], capture_output=True, timeout=10).returncode == 0:
+                return form
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return None
 
 
 def _read(f) -> str:

@@ -84,4 +84,5 @@ def code_reward(timeout_s: float = 5.0, memory_mb: int = 512, workers: int | Non
         with ThreadPoolExecutor(workers or max(1, (os.cpu_count() or 1) // local)) as pool:
             return list(pool.map(run_one, completions, columns["tests"]))
 
+    code.uses_sandbox = True  # resolve_reward_funcs reports what the sandbox guarantees on this machine
     return code
