@@ -222,7 +222,7 @@ def test_what_the_machine_enforces_is_reported(caplog, monkeypatch):
     from verl_hf.rewards import sandbox
 
     guarantees = sandbox_guarantees()
-    assert len(guarantees) == 7 and all(how for how in guarantees.values())
+    assert len(guarantees) == 9 and all(how for how in guarantees.values())
     sandbox.report_sandbox.cache_clear()
     with caplog.at_level("INFO", logger="verl_hf.rewards.sandbox"):
         resolve_reward_funcs(["gsm8k"])
@@ -339,3 +339,57 @@ def test_ordinary_programs_still_work_under_every_layer():
     for code, expected in cases.items():
         result = run_code(code, stdin="1 2\n3\n", as_main=False)
         assert result.passed and result.stdout.strip() == expected, (code, result.stderr[-300:])
+
+
+# Raw syscalls (x86_64 numbers; skipped elsewhere) the filter must refuse with EPERM, and what each would do.
+_REFUSED_SYSCALLS = {
+    "SysV shared memory (memory past RLIMIT_AS that outlives the call)": "sc(29, 0, 1 << 20, 0o1600)",
+    "a SysV message queue": "sc(68, 0, 0o1600)",
+    "a keyring entry (a channel between calls)": "sc(248, b'user', b'k', b'v', 1, -4)",
+    "file_setattr (inode flags of a file it may not write)": "sc(469, -100, b'/', bytes(24), 24, 0)",
+    "FS_IOC_SETFLAGS on a readable file": "sc(16, os.open(os.__file__, os.O_RDONLY), 0x40086602, bytes(8))",
+    "flock on a file of the interpreter's": "sc(73, os.open(os.__file__, os.O_RDONLY), 2)",
+    "inotify (names in folders it may not read)": "sc(294, 0)",
+    "prlimit64 of another process": "sc(302, os.getppid() or 1, 7, None, bytes(16))",
+    "setpriority": "sc(141, 0, 0, 5)",
+}
+
+
+@pytest.mark.parametrize("route", sorted(_REFUSED_SYSCALLS))
+def test_the_filter_refuses_state_channels_and_effects_on_others(route):
+    if os.uname().machine != "x86_64":
+        pytest.skip("the raw syscall numbers here are x86_64's")
+    code = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nsc = libc.syscall\n"
+            f"result = {_REFUSED_SYSCALLS[route]}\nprint(result, ctypes.get_errno())\n")
+    result = run_code(code, layers=_needs("seccomp"))
+    assert result.passed and result.stdout.split() == ["-1", "1"], (route, result.stdout, result.stderr[-300:])
+
+
+def test_the_verdict_cannot_be_changed_by_patching_what_the_guard_calls():
+    """The guard binds os._exit, os.write and the traceback printer before the program runs: replacing them
+    does not turn a failing assert into a pass, and the hook's rules are not read from its module's globals."""
+    from verl_hf.rewards import code_reward
+
+    hack = "```python\nimport os, traceback\nos._exit = lambda code: None\ntraceback.print_exc = print\n" \
+           "def add(a, b):\n    return 0\n```"
+    assert code_reward()(["p"], [hack], [[1]], tests=[["assert add(1, 2) == 3"]]) == [0.0]
+    neuter = "import sys, gc\nsys._getframe(1).f_globals['_BLOCKED_EVENTS'] = frozenset()\ngc.get_objects()"
+    result = run_code(neuter)
+    assert not result.passed and "gc.get_objects is blocked" in result.stderr
+
+
+def test_output_threads_and_odd_programs_are_handled():
+    """stdout survives a failure; threads the program started finish before the verdict; a folder nested
+    1,200 deep is still removed; a lone surrogate in the code is the program's error, not the trainer's;
+    open files are capped (each socketpair holds kernel memory)."""
+    failing = run_code("print('partial')\nraise ValueError('boom')")
+    assert not failing.passed and failing.stdout.strip() == "partial"
+    threaded = run_code("import threading, time\ndef late():\n    time.sleep(0.2)\n    print('late')\n"
+                        "threading.Thread(target=late).start()\n")
+    assert threaded.passed and threaded.stdout.strip() == "late"
+    deep = "import os\nprint(os.getcwd())\nfor _ in range(1200):\n    os.mkdir('d')\n    os.chdir('d')\n"
+    nested = run_code(deep, layers=tuple(n for n in ("seccomp", "landlock") if sandbox_layers()[n]))
+    assert nested.passed and not os.path.exists(os.path.dirname(nested.stdout.split()[0]))
+    assert not run_code("x = '\udc80'").passed
+    many = run_code("import socket\npairs = [socket.socketpair() for _ in range(300)]")
+    assert not many.passed and "Too many open files" in many.stderr

@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 LAYERS = ("seccomp", "landlock", "namespaces", "audit")
 _CHILD = Path(__file__).with_name("sandbox_child.py")
-_UNSHARE = ["unshare", "--mount", "--net", "--pid", "--fork", "--kill-child"]  # + a user namespace unless root
+_UNSHARE = ["unshare", "--mount", "--net", "--ipc", "--pid", "--fork", "--kill-child"]  # + a user one unless root
 _USER_NAMESPACE = ["--user", "--map-root-user"]
 # Each promise: its parts, and the layers any one of which keeps that part ("landlock4": Landlock ABI >= 4).
 _PROMISES = {
@@ -61,8 +61,11 @@ _PROMISES = {
     "no network": {"TCP": ("seccomp", "namespaces", "landlock4"), "UDP": ("seccomp", "namespaces"),
                    "unix sockets": ("seccomp",)},
     "no signals to other processes": {"signals": ("namespaces", "landlock6")},
-    "memory and disk bounded": {"memory outside the address-space limit (memfd)": ("seccomp",),
+    "memory and disk bounded": {"memory outside the address-space limit (memfd, SysV shared memory)": ("seccomp",),
                                 "total disk use (each file is capped anyway)": ("namespaces",)},
+    "nothing outlives the call, nothing passes between calls": {
+        "SysV IPC, POSIX queues": ("seccomp", "namespaces"), "keyrings": ("seccomp",)},
+    "no effect on other processes' limits or scheduling": {"prlimit, priorities, affinity": ("seccomp",)},
 }
 
 
@@ -91,7 +94,7 @@ def sandbox_layers() -> dict[str, str | None]:
              "namespaces": " ".join(unshare[1:unshare.index("--fork")]).replace("--", "") + " namespaces"
              if unshare else None, "audit": "Python audit hook"}
     for layer in ("seccomp", "landlock", "namespaces"):
-        if found[layer] and not _execute("print('ok')", (layer,), 10.0, 256, 4, 1_000, True).passed:
+        if found[layer] and not _execute("print('ok')", (layer,), 30.0, 256, 4, 1_000, True).passed:
             logger.warning("code sandbox: the %s layer is present but could not be installed here", layer)
             found[layer] = None
     return found
@@ -147,10 +150,11 @@ def _execute(code: str, layers: tuple[str, ...], timeout_s: float, memory_mb: in
     cmd = [sys.executable, "-I", "-B", str(_CHILD), *limits, ",".join(layers) or "none"]
     if "namespaces" in layers:
         cmd = [*_working_unshare(), *cmd]
-    with tempfile.TemporaryDirectory(prefix="verl_hf_sandbox_") as root:
+    root = tempfile.mkdtemp(prefix="verl_hf_sandbox_")
+    try:
         workdir = Path(root, "work")
         workdir.mkdir()
-        (workdir / "main.py").write_text(code)
+        (workdir / "main.py").write_bytes(code.encode("utf-8", "surrogateescape"))  # a lone surrogate: SyntaxError
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "HOME": str(workdir),
                "TMPDIR": str(workdir), "OMP_NUM_THREADS": "1"}
         with open(Path(root, "stdout"), "w+b") as out, open(Path(root, "stderr"), "w+b") as err:
@@ -158,13 +162,15 @@ def _execute(code: str, layers: tuple[str, ...], timeout_s: float, memory_mb: in
             proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdin=subprocess.PIPE, stdout=out, stderr=err,
                                     start_new_session=True)
             try:
-                proc.communicate((marker + "\n" + stdin).encode(), timeout=timeout_s)
+                proc.communicate((marker + "\n" + stdin).encode("utf-8", "surrogateescape"), timeout=timeout_s)
                 timed_out = False
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 timed_out = True
             stdout, stderr = _read(out), _read(err)
+    finally:
+        _remove(root)
     finished = stdout.rstrip("\n").endswith(marker)
     if finished:
         stdout = stdout.rstrip("\n")[: -len(marker)].removesuffix("\n")
@@ -214,6 +220,14 @@ def _working_unshare() -> list[str] | None:
         except (OSError, subprocess.SubprocessError):
             pass
     return None
+
+
+def _remove(root: str) -> None:
+    """Delete the program's folder, however deep it nested directories (Python 3.11's rmtree recurses)."""
+    try:
+        shutil.rmtree(root)
+    except (OSError, RecursionError):
+        subprocess.run(["rm", "-rf", "--", root], capture_output=True, timeout=60)
 
 
 def _read(f) -> str:

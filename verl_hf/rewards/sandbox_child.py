@@ -30,11 +30,14 @@ import platform
 import resource
 import struct
 import sys
+import threading
 import traceback
 import types
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _X86_64, _AARCH64 = 0xC000003E, 0xC00000B7
+_MAIN_THREAD = threading.get_ident()
+_MAX_OPEN_FILES = 256  # each open socketpair or pipe holds kernel memory that RLIMIT_AS does not count
 
 
 def _fail(what: str) -> None:
@@ -55,12 +58,25 @@ _REFUSED = {
     "removexattr": (197, 14), "lremovexattr": (198, 15), "fremovexattr": (199, 16), "removexattrat": (466, 466),
     "unshare": (272, 97), "setns": (308, 268), "mount": (165, 40), "ptrace": (101, 117),
     "process_vm_readv": (310, 270), "process_vm_writev": (311, 271), "init_module": (175, 105),
-    "finit_module": (313, 273),
+    "finit_module": (313, 273), "file_setattr": (469, 469),
+    # State that would outlive the program, or a channel between programs: SysV IPC, POSIX queues, keyrings.
+    "shmget": (29, 194), "msgget": (68, 186), "semget": (64, 190), "mq_open": (240, 180),
+    "add_key": (248, 217), "request_key": (249, 218), "keyctl": (250, 219),
+    # Watching or locking what the program may not read or own: inotify, flock.
+    "inotify_init": (253, None), "inotify_init1": (294, 26), "inotify_add_watch": (254, 27), "flock": (73, 32),
+    # Scheduling another process, or this one, differently.
+    "setpriority": (141, 140), "sched_setparam": (142, 118), "sched_setscheduler": (144, 119),
+    "sched_setaffinity": (203, 122), "sched_setattr": (314, 274), "ioprio_set": (251, 30),
+    "migrate_pages": (256, 238), "move_pages": (279, 239),
 }
-# Syscalls refused by their first argument's value: clone without CLONE_THREAD, prctl(PR_SET_PDEATHSIG).
-_CLONE, _CLONE3, _PRCTL, _SENDTO = {"x86_64": (56, 435, 157, 44), "aarch64": (220, 435, 167, 206)}.get(
-    platform.machine(), (None,) * 4)
-_CLONE_THREAD, _PR_SET_PDEATHSIG = 0x00010000, 1
+# Syscalls refused by an argument's value: clone without CLONE_THREAD, prctl(PR_SET_PDEATHSIG), sendto with an
+# address, prlimit64 of another process, fcntl(F_SETLEASE), ioctl setting inode flags (FS_IOC_SETFLAGS,
+# FS_IOC_FSSETXATTR: append-only, immutable and the like, which Landlock's ioctl right does not cover).
+_CLONE, _CLONE3, _PRCTL, _SENDTO, _PRLIMIT, _FCNTL, _IOCTL = {
+    "x86_64": (56, 435, 157, 44, 302, 72, 16), "aarch64": (220, 435, 167, 206, 261, 25, 29)}.get(
+    platform.machine(), (None,) * 7)
+_CLONE_THREAD, _PR_SET_PDEATHSIG, _F_SETLEASE = 0x00010000, 1, 1024
+_FS_IOC_SETFLAGS, _FS_IOC_FSSETXATTR = 0x40086602, 0x401C5820
 _RET_ALLOW, _RET_EPERM, _RET_ENOSYS, _RET_KILL = 0x7FFF0000, 0x00050001, 0x00050026, 0x80000000
 _LD, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
 
@@ -89,11 +105,17 @@ def seccomp_program() -> bytes:
         program.append((_JGE, "kill", None, 0x40000000))  # the x32 ABI's numbers
     program += [(_JEQ, "eperm", None, n) for n in refused]
     program += [(_JEQ, "enosys", None, _CLONE3), (_JEQ, "clone", None, _CLONE), (_JEQ, "prctl", None, _PRCTL),
-                (_JEQ, "sendto", "allow", _SENDTO),
+                (_JEQ, "sendto", None, _SENDTO), (_JEQ, "prlimit", None, _PRLIMIT), (_JEQ, "fcntl", None, _FCNTL),
+                (_JEQ, "ioctl", "allow", _IOCTL),
                 ("clone",), (_LD, None, None, 16), (_JSET, "allow", "eperm", _CLONE_THREAD),  # args[0], low half
                 ("prctl",), (_LD, None, None, 16), (_JEQ, "eperm", "allow", _PR_SET_PDEATHSIG),
                 ("sendto",), (_LD, None, None, 48), (_JEQ, None, "eperm", 0),  # args[4], the address: NULL only
                 (_LD, None, None, 52), (_JEQ, "allow", "eperm", 0),
+                ("prlimit",), (_LD, None, None, 16), (_JEQ, None, "eperm", 0),  # args[0], the pid: 0 (itself) only
+                (_LD, None, None, 20), (_JEQ, "allow", "eperm", 0),
+                ("fcntl",), (_LD, None, None, 24), (_JEQ, "eperm", "allow", _F_SETLEASE),  # args[1], the command
+                ("ioctl",), (_LD, None, None, 24), (_JEQ, "eperm", None, _FS_IOC_SETFLAGS),  # args[1], the request
+                (_JEQ, "eperm", "allow", _FS_IOC_FSSETXATTR),
                 ("allow",), (_RET, None, None, _RET_ALLOW), ("eperm",), (_RET, None, None, _RET_EPERM),
                 ("enosys",), (_RET, None, None, _RET_ENOSYS), ("kill",), (_RET, None, None, _RET_KILL)]
     return _assemble(program)
@@ -184,7 +206,7 @@ def own_tmpfs(workdir: str, size: int) -> None:
     """Mount a tmpfs of `size` bytes on the working directory (this mount namespace only) and move the
     program's file onto it: the program's total disk use is bounded, not only each file's."""
     source = open(os.path.join(workdir, "main.py"), "rb").read()
-    options = f"size={size},mode=0700".encode()
+    options = f"size={size},nr_inodes=4096,mode=0700".encode()
     if _libc.mount(b"tmpfs", workdir.encode(), b"tmpfs", 2 | 4 | 8, options):  # MS_NOSUID | MS_NODEV | MS_NOEXEC
         _fail(f"mount a tmpfs on {workdir}")
     os.chdir(workdir)  # onto the new mount
@@ -217,7 +239,7 @@ def audit_hook(workdir: str, unix_pairs: bool):
     other socket: `unix_pairs`), new processes, signals, native libraries, introspection that reaches the
     guard, and writes (or directory handles) outside `workdir` raise PermissionError saying what was refused."""
     realpath, fsdecode, isdir = os.path.realpath, os.fsdecode, os.path.isdir
-    prefix = workdir + os.sep
+    prefix, blocked, changes, write_flags = workdir + os.sep, _BLOCKED_EVENTS, _CHANGES, _WRITE_FLAGS
 
     def inside(path) -> bool:
         if isinstance(path, int):
@@ -229,19 +251,19 @@ def audit_hook(workdir: str, unix_pairs: bool):
         if event.startswith("socket."):
             if not (unix_pairs and event == "socket.__new__" and args[1] == 1):  # AF_UNIX, made by socketpair
                 raise PermissionError(f"sandbox: network access is blocked ({event})")
-        elif event in _BLOCKED_EVENTS:
+        elif event in blocked:
             raise PermissionError(f"sandbox: {event} is blocked")
         elif event == "object.__setattr__" and args[1] == "__code__" and args[0] is guard:
             raise PermissionError("sandbox: replacing the guard's code is blocked")
         elif event == "open":
             path, mode, flags = args
-            wants_write = any(c in mode for c in "wax+") if mode is not None else bool(flags & _WRITE_FLAGS)
+            wants_write = any(c in mode for c in "wax+") if mode is not None else bool(flags & write_flags)
             if not inside(path) and (wants_write or isdir(fsdecode(path))):
                 raise PermissionError(f"sandbox: writing (or a directory handle) outside the working directory "
                                       f"is blocked ({path})")
         elif event == "sqlite3.connect" and args[0] not in (":memory:", "") and not inside(args[0]):
             raise PermissionError(f"sandbox: a database outside the working directory is blocked ({args[0]})")
-        elif event in _CHANGES and not all(inside(a) for a in args[:2] if isinstance(a, (str, bytes))):
+        elif event in changes and not all(inside(a) for a in args[:2] if isinstance(a, (str, bytes))):
             raise PermissionError(f"sandbox: {event} outside the working directory is blocked")
 
     return guard
@@ -260,28 +282,41 @@ def read_marker() -> str:
     return line.decode().strip()
 
 
-def run(source: bytes, marker: str, as_main: bool) -> None:
-    """Run the program as module `__main__` (or `__sandbox__`), registered in sys.modules like a script;
-    print the marker only if it ran to its end."""
+def run(source: bytes, marker: str, as_main: bool, _exit=os._exit, _write=os.write, _stdout=sys.stdout,
+        _stderr=sys.stderr, _print_exc=traceback.print_exc, _threads=threading.enumerate) -> None:
+    """Run the program as module `__main__` (or `__sandbox__`), registered in sys.modules like a script; print
+    the marker only if it ran to its end, its non-daemon threads included. What this needs after the program
+    has run is bound here, before it runs: a program that replaces os._exit or traceback.print_exc changes
+    nothing of the verdict."""
     sys.argv = ["main.py"]
     module = types.ModuleType("__main__" if as_main else "__sandbox__")
     module.__file__, module.__builtins__ = os.path.abspath("main.py"), __builtins__
     sys.modules[module.__name__] = module
     code = compile(source, "main.py", "exec")
+    status = 0
     try:
         exec(code, module.__dict__)
+        for thread in _threads():  # as the interpreter does at exit: wait for the program's own threads
+            if not thread.daemon and thread.ident != _MAIN_THREAD:
+                thread.join()
     except SystemExit as stop:
         if not as_main or stop.code not in (None, 0):
-            print(f"sandbox: the program exited early (SystemExit({stop.code!r}))", file=sys.stderr)
-            sys.stderr.flush()
-            os._exit(stop.code if isinstance(stop.code, int) and stop.code else 1)
-    except BaseException:
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
-    sys.stdout.write("\n" + marker + "\n")
-    sys.stdout.flush()
-    os._exit(0)  # no atexit handlers of the program after the marker
+            print(f"sandbox: the program exited early (SystemExit({stop.code!r}))", file=_stderr)
+            status = stop.code if isinstance(stop.code, int) and stop.code else 1
+    except BaseException:  # noqa: BLE001 - its traceback is the program's error message
+        status = 1
+        try:
+            _print_exc(file=_stderr)
+        except BaseException:  # noqa: BLE001 - a program may have broken the traceback module: still a failure
+            pass
+    for stream in (_stdout, _stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a program may close its own streams
+            pass
+    if status == 0:
+        _write(1, f"\n{marker}\n".encode())
+    _exit(status)  # no atexit handlers of the program after the verdict
 
 
 def main(cpu_s: str, memory: str, file_size: str, as_main: str, layers: str) -> None:
@@ -291,8 +326,8 @@ def main(cpu_s: str, memory: str, file_size: str, as_main: str, layers: str) -> 
         reap_as_pid_one()
         own_tmpfs(workdir, int(file_size))
     source = open("main.py", "rb").read()
-    for limit, value in ((resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_AS, memory),
-                         (resource.RLIMIT_FSIZE, file_size), (resource.RLIMIT_CORE, 0)):
+    for limit, value in ((resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_AS, memory), (resource.RLIMIT_CORE, 0),
+                         (resource.RLIMIT_FSIZE, file_size), (resource.RLIMIT_NOFILE, _MAX_OPEN_FILES)):
         resource.setrlimit(limit, (int(value), int(value)))
     drop_capabilities()
     if "landlock" in chosen:
@@ -301,6 +336,7 @@ def main(cpu_s: str, memory: str, file_size: str, as_main: str, layers: str) -> 
         install_seccomp()
     if "audit" in chosen:
         sys.addaudithook(audit_hook(workdir, unix_pairs="seccomp" in chosen))
+    globals().pop("_libc")  # the C library handle the guard used: not left where the program's frames can reach
     run(source, marker, as_main == "1")
 
 
