@@ -28,6 +28,11 @@ ARCHITECTURES = {
 }
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# ChatML with the tools listed in a system turn, as Qwen2.5's template does, but by signature only (this BPE,
+# trained on digits, spells a JSON schema out byte by byte); tool results are `tool` turns.
+CHATML_TOOLS = ("{% if tools %}<|im_start|>system\nTools: {% for t in tools %}{{ t['function']['name'] }}("
+                "{{ t['function']['parameters']['properties'] | list | join(', ') }}) {% endfor %}<|im_end|>\n"
+                "{% endif %}" + CHATML)
 MEAN_LOGPROB_BOUND = 1e-5  # nats per token, engine vs trainer, fp32: dense and MoE alike (measured 1.4-2.6e-7;
 #                            the MoE's unrepacked experts gave 2e-2)
 

@@ -43,6 +43,10 @@ class RolloutBatch:
     token_level_rewards: torch.Tensor | None = None  # (B, Lr)
     advantages: torch.Tensor | None = None  # (B, Lr)
     returns: torch.Tensor | None = None  # (B, Lr)
+    # Multi-turn rollouts (verl_hf/agent/): the environment's tokens inside the response (1; attended, never
+    # trained on: response_mask is 0 there), and an environment's per-turn rewards on each turn's last token.
+    env_mask: torch.Tensor | None = None  # (B, Lr)
+    turn_rewards: torch.Tensor | None = None  # (B, Lr)
     # Safe-RLHF (cost_funcs / cost_model_path): costs, the cost critic's values and its regression targets.
     costs: torch.Tensor | None = None  # (B,)
     cost_values: torch.Tensor | None = None  # (B, Lr)
@@ -59,8 +63,13 @@ class RolloutBatch:
         return torch.cat([self.prompt_ids, self.response_ids], dim=1)
 
     @property
+    def response_attention_mask(self) -> torch.Tensor:
+        """(B, Lr) 1 on every real response token: the model's and, in multi-turn rows, the environment's."""
+        return self.response_mask if self.env_mask is None else torch.maximum(self.response_mask, self.env_mask)
+
+    @property
     def attention_mask(self) -> torch.Tensor:
-        return torch.cat([self.prompt_mask, self.response_mask], dim=1)
+        return torch.cat([self.prompt_mask, self.response_attention_mask], dim=1)
 
     def completion_ids(self) -> list[list[int]]:
         """Each response's token ids up to and including its EOS (what reward functions receive)."""
@@ -88,7 +97,7 @@ class RolloutBatch:
         mask, so every score of the kept tokens is unchanged; a micro-batch then costs its own longest row,
         not the round's."""
         first = int(self.prompt_mask.any(dim=0).int().argmax()) if self.prompt_mask.numel() else 0
-        used = self.response_mask.any(dim=0).nonzero()
+        used = self.response_attention_mask.any(dim=0).nonzero()
         end = int(used[-1]) + 1 if len(used) else 1
         if first == 0 and end == self.response_ids.shape[1]:
             return self
@@ -100,7 +109,8 @@ class RolloutBatch:
         """Consecutive pieces, each as many rows as fit in `max_tokens` once padded to the piece's own longest
         prompt and response (rows x (prompt width + response width)); a row longer than that is a piece alone.
         Order the rows by length first (round.by_length) and the pieces pad little (verl's dynamic batch size)."""
-        prompt_lens, response_lens = self.prompt_mask.sum(dim=1).tolist(), self.response_mask.sum(dim=1).tolist()
+        prompt_lens = self.prompt_mask.sum(dim=1).tolist()
+        response_lens = self.response_attention_mask.sum(dim=1).tolist()
         pieces, start, widest_prompt, widest_response = [], 0, 0, 0
         for row, (p, r) in enumerate(zip(prompt_lens, response_lens)):
             p, r = max(widest_prompt, p), max(widest_response, max(r, 1))
@@ -122,7 +132,8 @@ class RolloutBatch:
 
 # Fields shaped (B, Lr, ...): padded on the right when batches are joined; (B, Lp, ...): on the left.
 TOKEN_FIELDS = ("response_ids", "response_mask", "rollout_logprobs", "old_logprobs", "ref_logprobs", "values",
-                "token_level_rewards", "advantages", "returns", "cost_values", "cost_returns", "response_routes")
+                "token_level_rewards", "advantages", "returns", "cost_values", "cost_returns", "response_routes",
+                "env_mask", "turn_rewards")
 PROMPT_FIELDS = ("prompt_ids", "prompt_mask", "prompt_routes")
 # What joined batches are padded with, where it is not 0 (pad ids; routes: -1, route live).
 PAD_VALUES = {"response_routes": -1, "prompt_routes": -1}

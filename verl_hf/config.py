@@ -305,6 +305,30 @@ class VerlConfig(TrainingArguments):
                                   "filled with the dropped groups (zero advantage) and a warning is logged."),
     )
 
+    # ----- multi-turn (tools= / environment= on VerlTrainer, or `tools` here; verl_hf/agent/) -----
+    tools: list[str] | None = field(
+        default=None,
+        metadata=_help("Tools the model may call, as 'pkg.module:function' or 'path/file.py:function' (the config "
+                       "form of VerlTrainer(tools=[...])): plain functions, sync or async, with type hints and a "
+                       "docstring. Turns rollouts into conversations; max_response_length is then each sample's "
+                       "total of model and tool tokens."),
+    )
+    max_turns: int = field(default=5, metadata=_help("Multi-turn: the most assistant turns per sample."))
+    max_turn_length: int | None = field(
+        default=None, metadata=_help("Multi-turn: the most tokens one assistant turn may sample (default: "
+                                     "max_response_length)."))
+    max_tool_calls: int = field(default=8, metadata=_help("Multi-turn with tools: the most tool calls per sample; "
+                                                          "a turn that goes past it ends the sample."))
+    tool_timeout_s: float | None = field(
+        default=60.0, metadata=_help("Multi-turn with tools: seconds one tool call may take; past it the model "
+                                     "reads a timeout error as the tool's answer. None: no limit."))
+    tool_call_parser: str = field(
+        default="hermes", metadata=_help("Multi-turn with tools: how calls are read from the model's text: "
+                                         "'hermes' (<tool_call>{json}</tool_call>: Hermes, Qwen2.5, Qwen3)."))
+    env_timeout_s: float | None = field(
+        default=300.0, metadata=_help("Multi-turn: seconds an environment may take to answer one turn (all its "
+                                      "tool calls included); past it the run stops with the sample named."))
+
     # ----- safety (Safe-RLHF, PPO-Lagrangian): on when cost_funcs or cost_model_path is set -----
     cost_funcs: list[str] | None = field(
         default=None,
@@ -616,6 +640,12 @@ def _check_ranges(cfg: VerlConfig) -> None:
         ("lam", 0 <= cfg.lam <= 1, "must be in [0, 1]"),
         ("critic_learning_rate", cfg.critic_learning_rate > 0, "must be > 0"),
         ("reward_timeout_s", cfg.reward_timeout_s is None or cfg.reward_timeout_s > 0, "must be > 0 (None: no limit)"),
+        ("max_turns", cfg.max_turns >= 1, "must be >= 1"),
+        ("max_turn_length", cfg.max_turn_length is None or 0 < cfg.max_turn_length <= cfg.max_response_length,
+         "must be in [1, max_response_length] (None: max_response_length)"),
+        ("max_tool_calls", cfg.max_tool_calls >= 0, "must be >= 0"),
+        ("tool_timeout_s", cfg.tool_timeout_s is None or cfg.tool_timeout_s > 0, "must be > 0 (None: no limit)"),
+        ("env_timeout_s", cfg.env_timeout_s is None or cfg.env_timeout_s > 0, "must be > 0 (None: no limit)"),
         ("critic_model_path", cfg.critic_model_path is None or advantage_spec(cfg.adv_estimator).needs_values,
          f"is set, but adv_estimator={cfg.adv_estimator!r} trains no critic; set adv_estimator='gae' or drop it"),
         ("critic_warmup_steps", cfg.critic_warmup_steps >= 0, "must be >= 0"),
@@ -767,6 +797,8 @@ def _check_rewards(cfg: VerlConfig) -> None:
         cfg.reward_model_path = [cfg.reward_model_path]
     if isinstance(cfg.reward_funcs, str):  # one name, not its characters
         cfg.reward_funcs = [cfg.reward_funcs]
+    if isinstance(cfg.tools, str):
+        cfg.tools = [cfg.tools]
     _one_of("reward_on_error", cfg.reward_on_error, ("raise", "zero"))
 
     if cfg.reward_weights is not None and cfg.reward_funcs is not None:

@@ -56,9 +56,14 @@ def apply_key_map(dataset, data_key_map: dict | None, split: str):
     return dataset
 
 
-def tokenize_prompt(tokenizer, prompt) -> list[int]:
-    """Token ids of one prompt: text as is, chat messages through the tokenizer's chat template."""
+def tokenize_prompt(tokenizer, prompt, tools: list[dict] | None = None, chat_only: bool = False) -> list[int]:
+    """Token ids of one prompt: text as is, chat messages through the tokenizer's chat template (which shows
+    `tools`). `chat_only` (multi-turn rollouts): text is refused."""
     if isinstance(prompt, str):
+        if chat_only:
+            raise ValueError("multi-turn rollouts (tools= / environment=) need chat prompts, a list of "
+                             "{'role', 'content'} messages, to continue the conversation with the chat template; "
+                             f"got text {prompt[:60]!r}. Map it to [{{'role': 'user', 'content': text}}].")
         return tokenizer(prompt).input_ids
     if isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt):
         for i, message in enumerate(prompt):
@@ -70,7 +75,7 @@ def tokenize_prompt(tokenizer, prompt) -> list[int]:
                 "the prompts are chat messages but the tokenizer has no chat_template; set "
                 "tokenizer.chat_template, or give plain-text prompts."
             )
-        ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(prompt, tools=tools or None, add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
     raise ValueError(
         f"a prompt must be text or a list of chat messages ({{'role': ..., 'content': ...}}), got {type(prompt).__name__}: "
@@ -78,19 +83,27 @@ def tokenize_prompt(tokenizer, prompt) -> list[int]:
     )
 
 
-def _tokenized_row(tokenizer, prompt, index: int, split: str) -> list[int]:
+def _tokenized_row(tokenizer, prompt, index: int, split: str, **kwargs) -> list[int]:
     try:
-        return tokenize_prompt(tokenizer, prompt)
+        return tokenize_prompt(tokenizer, prompt, **kwargs)
     except ValueError as e:
         raise ValueError(f"{split} row {index}: {e}") from None
 
 
-def prepare_prompts(dataset, tokenizer, data_key_map: dict | None, max_prompt_length: int, split: str):
-    """Map columns, add `prompt_ids`, drop over-long prompts (logged). Returns the new dataset."""
+def prepare_prompts(dataset, tokenizer, data_key_map: dict | None, max_prompt_length: int, split: str,
+                    **prompt_kwargs):
+    """Map columns, add `prompt_ids`, drop over-long prompts (logged). Returns the new dataset.
+    `prompt_kwargs`: `tools` and `chat_only` of tokenize_prompt."""
     dataset = apply_key_map(dataset, data_key_map, split)
+    taken = sorted({"messages", "tool_statuses"} & set(dataset.column_names)) if prompt_kwargs.get("chat_only") else []
+    if taken:
+        raise ValueError(f"{split}: multi-turn rollouts give reward functions the columns 'messages' (the whole "
+                         f"conversation) and 'tool_statuses'; the dataset has {taken} already. Rename them "
+                         f"(data_key_map or Dataset.rename_column).")
     if PROMPT_IDS in dataset.column_names:
         dataset = dataset.remove_columns(PROMPT_IDS)
-    dataset = dataset.map(lambda row, i: {PROMPT_IDS: _tokenized_row(tokenizer, row["prompt"], i, split)},
+    dataset = dataset.map(lambda row, i: {PROMPT_IDS: _tokenized_row(tokenizer, row["prompt"], i, split,
+                                                                      **prompt_kwargs)},
                           with_indices=True, desc="tokenize prompts")
     before = len(dataset)
     dataset = dataset.filter(lambda row: 0 < len(row[PROMPT_IDS]) <= max_prompt_length, desc="filter prompt length")
@@ -102,10 +115,13 @@ def prepare_prompts(dataset, tokenizer, data_key_map: dict | None, max_prompt_le
     return dataset
 
 
-def prepare_datasets(train_dataset, eval_dataset, tokenizer, args):
-    """(train, eval) prepared with `prepare_prompts` (either may be None; eval may be a dict of named sets)."""
+def prepare_datasets(train_dataset, eval_dataset, tokenizer, args, multi_turn=None):
+    """(train, eval) prepared with `prepare_prompts` (either may be None; eval may be a dict of named sets);
+    with `multi_turn` (an agent.MultiTurnRollout) the prompts must be chat and show its tools."""
+    extra = {} if multi_turn is None else {"tools": multi_turn.tools_schema, "chat_only": True}
+
     def prepare(ds, split):
-        return prepare_prompts(ds, tokenizer, args.data_key_map, args.max_prompt_length, split)
+        return prepare_prompts(ds, tokenizer, args.data_key_map, args.max_prompt_length, split, **extra)
 
     train = prepare(train_dataset, "train") if train_dataset is not None else None
     if isinstance(eval_dataset, dict):

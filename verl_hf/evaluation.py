@@ -12,20 +12,21 @@ from __future__ import annotations
 import torch
 
 from .metrics import accuracy_metric
-from .round import RewardStage, sampling_kwargs
+from .round import RewardStage, generate, sampling_kwargs
 
 
-def evaluate_rewards(actor, rewards: RewardStage, constraint, dataset, args, prefix: str) -> dict[str, float]:
+def evaluate_rewards(actor, rewards: RewardStage, constraint, dataset, args, prefix: str,
+                     multi_turn=None) -> dict[str, float]:
     """Each process scores every world_size-th prompt; shards are padded to the same number of generate
-    calls (ZeRO-3 and NCCL collectives need every rank in step) and the padding is dropped again."""
+    calls (ZeRO-3 and NCCL collectives need every rank in step) and the padding is dropped again. With
+    `multi_turn` each prompt is a whole conversation, as in training."""
     indices = list(range(args.process_index, len(dataset), args.world_size))
     per_rank, real = -(-len(dataset) // args.world_size), len(indices)
     indices += [indices[-1] if indices else 0] * (per_rank - real)
     scores, lengths, costs = [], [], []
     for start in range(0, len(indices), args.per_device_eval_batch_size):
         rows = [dataset[i] for i in indices[start : start + args.per_device_eval_batch_size]]
-        batch = actor.generate_sequences(prompt_ids=[r["prompt_ids"] for r in rows], rows=rows,
-                                         **sampling_kwargs(args, train=False))
+        batch, _ = generate(actor, rows, multi_turn, **sampling_kwargs(args, train=False))
         scores += rewards.run(batch).per_function.tolist()
         lengths += batch.response_mask.sum(dim=1).float().tolist()
         costs += constraint.eval_costs(batch)

@@ -35,6 +35,15 @@ def sampling_kwargs(args, train: bool) -> dict:
                 return_routes=train and args.routing_replay)
 
 
+def generate(actor, rows: list[dict], multi_turn=None, **sampling):
+    """(RolloutBatch, rollout metrics) for these dataset rows: one response each, or with `multi_turn` (an
+    agent.MultiTurnRollout) whole conversations; `sampling` as `sampling_kwargs` gives it. Training rounds,
+    ReMax's greedy baselines and evaluation all sample through here."""
+    if multi_turn is not None:
+        return actor.generate_conversations(multi_turn, rows, **sampling)
+    return actor.generate_sequences(prompt_ids=[r["prompt_ids"] for r in rows], rows=rows, **sampling), {}
+
+
 class RewardStage:
     """Holds: the reward functions with their weights, and the shaping settings (overlong penalty)."""
 
@@ -71,11 +80,12 @@ class RoundBuilder:
 
     def __init__(self, args, actor, rewards: RewardStage, *, ref_policy=None, critic=None, constraint,
                  kl_controller, metrics: MetricBuffer, train_dataset=None, reduce_sum=lambda t: t,
-                 precision=contextlib.nullcontext):
+                 precision=contextlib.nullcontext, multi_turn=None):
         """`precision`: the context the actor's loss forward runs under (accelerate's autocast); the reference
         and behaviour log-probs are computed under it too, or bf16 training would see KL and ratios off 1 that
-        are only rounding."""
+        are only rounding. `multi_turn`: an agent.MultiTurnRollout (tools= / environment=), else None."""
         self.args, self.actor, self.rewards, self.precision = args, actor, rewards, precision
+        self.multi_turn = multi_turn
         self.ref_policy, self.critic, self.constraint, self.kl_controller = ref_policy, critic, constraint, kl_controller
         self.metrics, self.train_dataset, self.reduce_sum = metrics, train_dataset, reduce_sum
         self.advantage = advantage_spec(args.adv_estimator)
@@ -98,8 +108,9 @@ class RoundBuilder:
         if self.args.rollout_seed_per_prompt:
             seeds = self.seeds.for_rows(self.args.seed, step, len(rows), self.args.process_index * len(rows))
         with self.metrics.timer("rollout") as clock:
-            batch = self.actor.generate_sequences(prompt_ids=[r["prompt_ids"] for r in rows], rows=rows,
-                                                  row_seeds=seeds, **sampling_kwargs(self.args, train=True))
+            batch, turn_metrics = generate(self.actor, rows, self.multi_turn, row_seeds=seeds,
+                                           **sampling_kwargs(self.args, train=True))
+        self.metrics.record(turn_metrics)
         lengths = batch.response_mask.sum(dim=1).float()
         self.metrics.record({
             "response_length/mean": lengths.mean().item(), "response_length/max": lengths.max().item(),
@@ -182,11 +193,12 @@ class RoundBuilder:
                  **{k: v[i] for k, v in firsts.columns.items()}}
                 for i, (ids, m) in enumerate(zip(firsts.prompt_ids, firsts.prompt_mask))]
         with self.metrics.timer("baseline"):
-            greedy = self.actor.generate_sequences(
-                prompt_ids=[r["prompt_ids"] for r in rows], rows=rows,
-                **{**sampling_kwargs(self.args, train=True), "num_return_sequences": 1, "do_sample": False,
-                   "return_routes": False})
+            greedy, _ = generate(self.actor, rows, self.multi_turn, **{
+                **sampling_kwargs(self.args, train=True), "num_return_sequences": 1, "do_sample": False,
+                "return_routes": False})
             baseline = self.rewards.rewards(greedy)[0]
+            if greedy.turn_rewards is not None:  # the greedy conversation's per-turn rewards count as the samples' do
+                baseline = baseline + greedy.turn_rewards.sum(dim=1).to(baseline)
         position = {g: k for k, g in enumerate(firsts.group_ids.tolist())}
         batch.reward_baselines = baseline[[position[g] for g in batch.group_ids.tolist()]]
         self.metrics.record({"reward/greedy_baseline": baseline.mean().item()})
@@ -223,6 +235,8 @@ class RoundBuilder:
         with self.metrics.timer("advantage"):
             mask = batch.response_mask.float()
             token_rewards = place_outcome_rewards(batch.rewards, mask)
+            if batch.turn_rewards is not None:  # an environment's per-turn rewards, on each turn's last token
+                token_rewards = token_rewards + batch.turn_rewards.to(token_rewards)
             if args.use_kl_in_reward and batch.ref_logprobs is not None:
                 kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, args.kl_kind) * mask
                 token_rewards = token_rewards - self.kl_controller.value * kl
@@ -282,7 +296,7 @@ def by_length(batch: RolloutBatch) -> RolloutBatch:
     """The rows ordered by their token count (prompt + response; stable), so that the micro-batches cut from
     them hold rows of similar length and pad little. The step's gradient is a sum over its rows, so the order
     does not change it."""
-    lengths = batch.prompt_mask.sum(dim=1) + batch.response_mask.sum(dim=1)
+    lengths = batch.prompt_mask.sum(dim=1) + batch.response_attention_mask.sum(dim=1)
     order = torch.sort(lengths, stable=True).indices
     return batch if bool((order == torch.arange(len(order))).all()) else batch.select(order.tolist())
 
@@ -292,9 +306,13 @@ def split_informative(batch: RolloutBatch, constraint, singleton_informs: bool =
     the constraint adds its own rule (with Safe-RLHF, a group whose costs differ informs). With
     `singleton_informs` (singleton_group_advantage="score", verl's rule) a group of one scored row informs: its
     advantage is its score (verl's DAPO filter keeps groups of one too)."""
-    flat = constraint.flat_groups(batch, group_all_equal(batch.rewards, batch.group_ids, batch.valid))
+    # The episode's whole reward, per-turn rewards of multi-turn rows included, as the estimators see it.
+    rewards = batch.rewards
+    if batch.turn_rewards is not None:
+        rewards = rewards + batch.turn_rewards.sum(dim=1).to(rewards)
+    flat = constraint.flat_groups(batch, group_all_equal(rewards, batch.group_ids, batch.valid))
     if singleton_informs:
-        flat = flat & (group_stats(batch.rewards, batch.group_ids, batch.valid).count != 1)
+        flat = flat & (group_stats(rewards, batch.group_ids, batch.valid).count != 1)
     return batch.select(~flat), batch.select(flat)
 
 

@@ -129,6 +129,8 @@ class SafetyConstraint:
         so its weight stays kl_coef whatever lambda (Safe-RLHF's code puts half in each; the same up to kl_coef)."""
         mask = batch.response_mask.float()
         kl_in_reward = token_rewards - place_outcome_rewards(batch.rewards, mask)  # -beta * KL, or zeros
+        if batch.turn_rewards is not None:  # an environment's per-turn rewards are rewards, not KL
+            kl_in_reward = kl_in_reward - batch.turn_rewards.to(kl_in_reward)
         cost_advantages, cost_returns = estimate(place_outcome_rewards(batch.costs, mask) - kl_in_reward,
                                                  batch.cost_values)
         metrics.record({"advantages/reward_mean": masked_mean(reward_advantages, mask).item(),

@@ -51,6 +51,11 @@ class VerlTrainer(Trainer):
             the policy's checkpoint. Only used by estimators that need values (`adv_estimator="gae"`).
         reward_funcs: callables or names (see `VerlConfig.reward_funcs`); added to those in `args`.
         reward_model: a `RewardModel`, a sequence-classification model, or an id/path; one more reward function.
+        tools: callables (sync or async, with type hints and a docstring) the model may call, or
+            "pkg.module:function" strings: rollouts become conversations (README, "Multi-turn: tools and
+            environments"); added to `args.tools`.
+        environment: a factory (a class, or a function of no arguments) called once per sample for an object
+            with `reset(row)` and `step(message) -> verl_hf.agent.Step`: rollouts become conversations with it.
         processing_class / tokenizer: the tokenizer; default loaded from the model's path.
         peft_config: a `peft` config; the actor becomes a PEFT model.
 
@@ -67,7 +72,7 @@ class VerlTrainer(Trainer):
     def __init__(self, model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
                  processing_class=None, *, actor=None, ref_policy=None, critic=None, reward_funcs=None,
                  reward_model=None, tokenizer=None, callbacks=None, peft_config=None, optimizers=(None, None),
-                 **trainer_kwargs):
+                 tools=None, environment=None, **trainer_kwargs):
         model = setup.one_of_aliases("model", model, "actor", actor)
         if model is None:
             raise ValueError("VerlTrainer needs a policy: model='<id or path>' or a PreTrainedModel (or actor=...).")
@@ -78,7 +83,8 @@ class VerlTrainer(Trainer):
         self.reward_weights = list(args.reward_weights or [1.0] * len(self.reward_funcs))
         tokenizer = setup.load_tokenizer(
             setup.one_of_aliases("processing_class", processing_class, "tokenizer", tokenizer), model)
-        train_dataset, eval_dataset = prepare_datasets(train_dataset, eval_dataset, tokenizer, args)
+        self.multi_turn = setup.make_multi_turn(args, tools, environment, tokenizer)  # None: one turn per sample
+        train_dataset, eval_dataset = prepare_datasets(train_dataset, eval_dataset, tokenizer, args, self.multi_turn)
 
         super().__init__(
             model=setup.load_policy(model, peft_config, args), args=args,
@@ -111,7 +117,8 @@ class VerlTrainer(Trainer):
         self.round_builder = RoundBuilder(
             args, self.actor, self.rewards, ref_policy=self.ref_policy, critic=self.critic,
             constraint=self.constraint, kl_controller=self.kl_ctrl, metrics=self.metrics,
-            train_dataset=self.train_dataset, reduce_sum=self._reduce_sum, precision=self.accelerator.autocast)
+            train_dataset=self.train_dataset, reduce_sum=self._reduce_sum, precision=self.accelerator.autocast,
+            multi_turn=self.multi_turn)
         self.policy_update = PolicyUpdate(args, self.kl_ctrl)
         self.critics = [(self.critic, "values", "returns", "critic")] if self.critic is not None else []
         self.critics += self.constraint.critics()
@@ -271,11 +278,13 @@ class VerlTrainer(Trainer):
                 metrics.update(self.evaluate(part, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
         if "prompt_ids" not in dataset.column_names:
+            extra = {} if self.multi_turn is None else {"tools": self.multi_turn.tools_schema, "chat_only": True}
             dataset = prepare_prompts(dataset, self.processing_class, self.args.data_key_map,
-                                      self.args.max_prompt_length, metric_key_prefix)
+                                      self.args.max_prompt_length, metric_key_prefix, **extra)
         started = time.time()
         self._sync_engine_weights()
-        metrics = evaluate_rewards(self.actor, self.rewards, self.constraint, dataset, self.args, metric_key_prefix)
+        metrics = evaluate_rewards(self.actor, self.rewards, self.constraint, dataset, self.args, metric_key_prefix,
+                                   self.multi_turn)
         metrics.update(speed_metrics(metric_key_prefix, started, num_samples=len(dataset)))
         self._evaluating = True
         try:

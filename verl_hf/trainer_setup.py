@@ -59,6 +59,52 @@ def resolve_rewards(args: VerlConfig, reward_funcs, reward_model):
     return funcs
 
 
+MULTI_TURN_FIELDS = ("max_turns", "max_turn_length", "max_tool_calls", "tool_timeout_s", "tool_call_parser",
+                     "env_timeout_s")
+
+
+def make_multi_turn(args: VerlConfig, tools, environment, tokenizer):
+    """The MultiTurnRollout for `tools=` (and `args.tools`) or `environment=`, or None for single-turn
+    rollouts. Everything is checked here, before any model loads: the tools' schemas, the factory, the chat
+    template (tool support, extendable turn by turn), and settings that need what the run does not have."""
+    specs = [*(args.tools or []), *([tools] if callable(tools) or isinstance(tools, str) else (tools or []))]
+    if not specs and environment is None:
+        _refuse_multi_turn_fields(args)
+        return None
+    from .agent import MultiTurnRollout, as_tools, check_extendable, environment_factory, tool_call_parser
+
+    if specs and environment is not None:
+        raise ValueError("give tools= (or the config's tools) or environment=, not both: an environment that uses "
+                         "tools calls them itself.")
+    defaults = {f.name: f.default for f in fields(args)}
+    if environment is not None and any(getattr(args, n) != defaults[n] for n in ("max_tool_calls", "tool_timeout_s")):
+        raise ValueError("max_tool_calls and tool_timeout_s take effect only with tools=; an environment= enforces "
+                         "its own limits. Leave them at their defaults.")
+    if args.routing_replay:
+        raise ValueError("routing_replay does not support multi-turn rollouts yet (the environment's tokens have no "
+                         "recorded routes); drop one of them.")
+    if args.rollout_engine == "vllm" and args.rollout_tensor_parallel_size > 1:
+        raise ValueError("multi-turn rollouts with rollout_tensor_parallel_size > 1 are not supported yet: the ranks "
+                         "of a tensor-parallel engine generate together, and their conversations end after "
+                         "different numbers of turns. Use rollout_tensor_parallel_size=1 or the vLLM server.")
+    tool_map = as_tools(specs)
+    schemas = [t.schema for t in tool_map.values()] or None
+    tool_call_parser(args.tool_call_parser)
+    check_extendable(tokenizer, schemas)
+    make_env = environment_factory(environment, tool_map, args.tool_call_parser, args.max_tool_calls,
+                                   args.tool_timeout_s)
+    return MultiTurnRollout(make_env, tokenizer, schemas, args.max_turns, args.max_response_length, args.env_timeout_s,
+                            turn_length=args.max_turn_length)
+
+
+def _refuse_multi_turn_fields(args: VerlConfig) -> None:
+    for f in fields(args):
+        if f.name in MULTI_TURN_FIELDS and getattr(args, f.name) != f.default:
+            raise ValueError(f"{f.name}={getattr(args, f.name)!r} takes effect only in multi-turn rollouts: pass "
+                             f"tools=[...] or environment=... to VerlTrainer (or set tools in the config), or leave "
+                             f"{f.name} at its default ({f.default!r}).")
+
+
 def make_safety(trainer, policy, args: VerlConfig):
     """Safe-RLHF's constraint when costs are configured (else None): cost functions and cost model resolved now,
     the cost critic (estimators with values, PPO) built like the reward critic, the cost model placed like

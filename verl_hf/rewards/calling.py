@@ -73,10 +73,12 @@ def _abandon_loop(loop: asyncio.AbstractEventLoop) -> None:
     loop.call_soon_threadsafe(loop.stop)
 
 
-def run_coroutines(coroutines: list, timeout_s: float | None = None, names: list[str] | None = None) -> list:
+def run_coroutines(coroutines: list, timeout_s: float | None = None, names: list[str] | None = None,
+                   setting: str = "reward_timeout_s") -> list:
     """Results (or raised exceptions, RewardTimeout past `timeout_s`) of `coroutines`, run concurrently on the
     reward loop. Each is cancelled at the limit; if the loop itself stops answering (blocking code inside
-    `async def`), what has not finished a little later times out and the loop is abandoned."""
+    `async def`), what has not finished a little later times out and the loop is abandoned. `setting`: the
+    config field the timeout messages name."""
     if not coroutines:
         return []
     names = names or ["async reward function"] * len(coroutines)
@@ -88,7 +90,7 @@ def run_coroutines(coroutines: list, timeout_s: float | None = None, names: list
                 return await coroutine
         except TimeoutError:
             if limit.expired():  # ours; a TimeoutError of the function's own is its error, as raised
-                raise RewardTimeout(_expired(name, timeout_s)) from None
+                raise RewardTimeout(_expired(name, timeout_s, setting)) from None
             raise
 
     loop = _reward_loop()
@@ -100,7 +102,7 @@ def run_coroutines(coroutines: list, timeout_s: float | None = None, names: list
     blocked = (" It blocked the event loop (blocking code inside `async def`), so later calls run on a new loop:"
                " async clients created on the old one (httpx.AsyncClient, AsyncOpenAI) must be created again "
                "(per call, or keyed by asyncio.get_running_loop()).")
-    return [_outcome(f, name) if f in done else RewardTimeout(_expired(name, timeout_s) + blocked, True)
+    return [_outcome(f, name) if f in done else RewardTimeout(_expired(name, timeout_s, setting) + blocked, True)
             for f, name in zip(futures, names)]
 
 
@@ -183,8 +185,8 @@ def _in_worker_thread(name: str, func: Callable, kwargs: dict, timeout_s: float)
     return box[0]
 
 
-def _expired(name: str, timeout_s: float | None) -> str:
-    return f"{name!r} did not return within reward_timeout_s={timeout_s}."
+def _expired(name: str, timeout_s: float | None, setting: str = "reward_timeout_s") -> str:
+    return f"{name!r} did not return within {setting}={timeout_s}."
 
 
 def call_all(reward_funcs: list[tuple[str, Callable]], batch: dict, timeout_s: float | None = None) -> list:

@@ -17,13 +17,10 @@ See it work: tests/test_rewards.py
 
 from __future__ import annotations
 
-import hashlib
 import re
-import importlib
-import importlib.util
-import os
 from typing import Callable
 
+from verl_hf.loading import load_callable
 from verl_hf.rewards.columns import ground_truths as _ground_truths
 from verl_hf.rewards.columns import score_each as _score_each
 from verl_hf.rewards.sandbox import report_sandbox
@@ -78,24 +75,8 @@ def _unknown_spec_error(spec) -> ValueError:
         f"'path/to/file.py:function', or pass the callable itself")
 
 
-def _load_file_module(path: str, spec: str):
-    """Import a .py file by path under a unique, path-derived module name."""
-    if not os.path.isfile(path):
-        raise ValueError(
-            f"reward function {spec!r}: file {path!r} does not exist "
-            f"(cwd is {os.getcwd()!r}); give an absolute path or one "
-            f"relative to the working directory")
-    # Unique name so two files both called rewards.py do not collide.
-    digest = hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:10]
-    name = f"_verl_hf_reward_{os.path.splitext(os.path.basename(path))[0]}_{digest}"
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module
-
-
 def _load_string_spec(spec: str) -> tuple[str, Callable]:
-    """Resolve a built-in name, 'pkg.module:fn' or 'file.py:fn'."""
+    """Resolve a built-in name, 'regex:<pattern>', 'pkg.module:fn' or 'file.py:fn'."""
     if spec in BUILTIN_REWARDS:
         return spec, BUILTIN_REWARDS[spec]
     if spec.startswith("regex:"):
@@ -103,26 +84,7 @@ def _load_string_spec(spec: str) -> tuple[str, Callable]:
             return "regex", regex_reward(spec[len("regex:"):])
         except re.error as exc:
             raise ValueError(f"reward function {spec!r}: invalid regular expression ({exc})") from exc
-    # rpartition: a path may itself contain ':' (e.g. 'C:\\...').
-    target, sep, attr = spec.rpartition(":")
-    if not sep or not target or not attr:
-        raise _unknown_spec_error(spec)
-    if target.endswith(".py"):
-        module = _load_file_module(target, spec)
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ModuleNotFoundError as exc:
-            raise ValueError(
-                f"reward function {spec!r}: cannot import module {target!r} "
-                f"({exc}); check it is installed or on PYTHONPATH, or use "
-                f"'path/to/file.py:{attr}'") from exc
-    func = getattr(module, attr, None)
-    if func is None or not callable(func):
-        raise ValueError(
-            f"reward function {spec!r}: {target!r} has no callable named "
-            f"{attr!r}; check the name after ':'")
-    return attr, func
+    return load_callable(spec, "reward function", _unknown_spec_error)
 
 
 def _unique(name: str, taken: set) -> str:

@@ -89,15 +89,9 @@ class Actor(TrainableRole):
             raise ValueError(f"return_routes=True, but {type(self.engine).__name__} does not record MoE routes.")
         if max_new_tokens is None:
             max_new_tokens = (prompts.get("max_response_length") if isinstance(prompts, dict) else None) or 128
-        params = SamplingConfig(
-            max_new_tokens=max_new_tokens, num_return_sequences=num_return_sequences, do_sample=do_sample,
-            temperature=self.temperature if temperature is None else temperature, top_p=top_p, top_k=top_k,
-            seed=seed, return_logprobs=return_logprobs, row_seeds=tuple(row_seeds) if row_seeds is not None else None,
-            return_routes=self.routing is not None if return_routes is None else return_routes,
-        )
-        if self._engine_stale:
-            self.sync_weights()
-        out = self.engine.generate(ids, params)
+        params = self.sampling_config(max_new_tokens, num_return_sequences, temperature, top_k, top_p, do_sample,
+                                      seed, return_logprobs, row_seeds, return_routes)
+        out = self.fresh_engine().generate(ids, params)
         n = num_return_sequences
         rows = rows or [{} for _ in ids]
         skip = ("prompt", "prompt_ids")
@@ -110,6 +104,33 @@ class Actor(TrainableRole):
             completions=self.tokenizer.batch_decode(out.response_ids, skip_special_tokens=True),
             columns={k: [row[k] for row in rows for _ in range(n)] for k in rows[0] if k not in skip},
         )
+
+    def sampling_config(self, max_new_tokens: int, num_return_sequences: int = 1, temperature: float | None = None,
+                        top_k: int = 0, top_p: float = 1.0, do_sample: bool = True, seed: int | None = None,
+                        return_logprobs: bool = True, row_seeds=None, return_routes: bool | None = None) -> SamplingConfig:
+        """The engine's sampling parameters (the actor's temperature unless `temperature` is given)."""
+        return SamplingConfig(
+            max_new_tokens=max_new_tokens, num_return_sequences=num_return_sequences, do_sample=do_sample,
+            temperature=self.temperature if temperature is None else temperature, top_p=top_p, top_k=top_k,
+            seed=seed, return_logprobs=return_logprobs, row_seeds=tuple(row_seeds) if row_seeds is not None else None,
+            return_routes=self.routing is not None if return_routes is None else return_routes)
+
+    def fresh_engine(self) -> RolloutEngine:
+        """The rollout engine, its weights synced first if the policy changed since the last sync."""
+        if self._engine_stale:
+            self.sync_weights()
+        return self.engine
+
+    def generate_conversations(self, rollout, rows: list[dict], **sampling) -> tuple[RolloutBatch, dict]:
+        """Multi-turn rollouts (verl_hf/agent/loop.py): `num_return_sequences` conversations per dataset row
+        (`prompt` as chat messages, `prompt_ids`), played through `rollout`'s environments. `sampling`: the
+        arguments of `sampling_config` (`max_new_tokens` caps each turn). Returns (batch, the rollout's
+        metrics: turns, tool calls, stop reasons)."""
+        from ..agent.loop import to_batch
+
+        params = self.sampling_config(**sampling)
+        conversations = rollout.run(self.fresh_engine(), rows, params)
+        return to_batch(conversations, rows, params.num_return_sequences, self.tokenizer), rollout.metrics(conversations)
 
     def sync_weights(self) -> dict[str, float]:
         """Push the current weights into an engine that keeps its own copy; returns the sync metrics."""

@@ -1,0 +1,263 @@
+"""The multi-turn rollout loop with a real tiny model on the HF engine: the training sequence is the sampled ids
+plus the tokenized environment messages, token for token; the sampling log-probs of the model's tokens equal
+the trainer's forward over the whole conversation; environment tokens get no gradient; the limits hold."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from agent_model import build_tool_model, prompts  # noqa: E402
+
+from verl_hf import Actor  # noqa: E402
+from verl_hf.agent import MultiTurnRollout, Step, ToolCall, ToolEnvironment, as_tools, continuation_ids  # noqa: E402
+
+
+def echo(text: str) -> str:
+    """Repeat the text.
+
+    Args:
+        text: What to repeat.
+    """
+    return text
+
+
+def every_turn_calls_echo(text: str) -> list[ToolCall]:
+    """A parser of our own (tool_call_parser accepts any callable): every non-empty turn is one echo call."""
+    return [ToolCall("echo", {"text": text.strip()[:6]})] if text.strip() else []
+
+
+@pytest.fixture(scope="module")
+def tool_model(tmp_path_factory):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = build_tool_model(tmp_path_factory.mktemp("agent"))
+    return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path), path
+
+
+def _rows(tokenizer, num=4):
+    return [{"prompt": p, "prompt_ids": list(tokenizer.apply_chat_template(p, add_generation_prompt=True,
+                                                                            return_dict=False)), "answer": i}
+            for i, p in enumerate(prompts(num, seed=3))]
+
+
+def _echo_rollout(tokenizer, max_turns=3, max_tokens=160):
+    tools = as_tools([echo])
+    return MultiTurnRollout(lambda: ToolEnvironment(tools, every_turn_calls_echo, max_tool_calls=8), tokenizer,
+                            None, max_turns=max_turns, max_tokens=max_tokens, env_timeout_s=30)
+
+
+def _segments(ids, from_model):
+    """[(from_model, [ids])] runs of the response."""
+    runs = []
+    for token, model in zip(ids, from_model):
+        if runs and runs[-1][0] == model:
+            runs[-1][1].append(token)
+        else:
+            runs.append((model, [token]))
+    return runs
+
+
+def test_three_turns_are_sampled_ids_plus_tool_messages_and_logprobs_match(tool_model):
+    model, tokenizer, _ = tool_model
+    actor = Actor(model, tokenizer)
+    rows = _rows(tokenizer)
+    batch, metrics = actor.generate_conversations(_echo_rollout(tokenizer), rows, max_new_tokens=16,
+                                                  num_return_sequences=2, seed=0)
+    # the last turn is answered too (its calls run, an environment may score it), with nothing appended after it
+    assert metrics["turns/mean"] == 3.0 and metrics["stop/max_turns"] == 1.0 and metrics["tool_calls/mean"] == 3.0
+    for row in range(len(batch)):
+        real = batch.response_attention_mask[row].bool()
+        ids, from_model = batch.response_ids[row][real].tolist(), batch.response_mask[row][real].tolist()
+        runs = _segments(ids, from_model)
+        assert [m for m, _ in runs] == [1, 0, 1, 0, 1]  # model, tool, model, tool, model
+        messages = batch.columns["messages"][row]
+        shown = list(rows[row // 2]["prompt"])
+        for turn in range(2):  # each tool segment is exactly the template's continuation of what was shown
+            sampled, env = runs[2 * turn][1], runs[2 * turn + 1][1]
+            assert sampled[-1] == tokenizer.eos_token_id
+            answer = messages[len(shown) + 1: len(shown) + 2]
+            assert env == continuation_ids(tokenizer, shown, sampled, answer)
+            shown = [*shown, messages[len(shown)], *answer]
+    assert (batch.rollout_logprobs[batch.env_mask.bool()] == 0).all()
+    rescored = actor.get_logprobs(batch)
+    model_tokens = batch.response_mask.bool()
+    assert (rescored - batch.rollout_logprobs)[model_tokens].abs().max() < 1e-4  # fp32, over three turns
+
+
+def test_environment_tokens_get_no_gradient(tool_model):
+    """The loss reads model tokens only: its gradient at environment positions is exactly zero, and with a
+    conversation cut after its first tool answer, changing that answer's ids leaves every weight's gradient
+    unchanged (they are context for nothing after them, and never a target)."""
+    from dataclasses import replace
+
+    from verl_hf.algorithms import masked_mean
+    from verl_hf.batch import TOKEN_FIELDS
+
+    model, tokenizer, _ = tool_model
+    actor = Actor(model, tokenizer)
+    batch, _ = actor.generate_conversations(_echo_rollout(tokenizer, max_turns=2), _rows(tokenizer, 1),
+                                            max_new_tokens=16, seed=1)
+
+    def gradients(b):
+        model.zero_grad()
+        logprobs, _ = actor.compute_logprobs(b)
+        logprobs.retain_grad()
+        masked_mean(-logprobs, b.response_mask.float()).backward()
+        return logprobs.grad, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    grad_logprobs, _ = gradients(batch)
+    assert (grad_logprobs[batch.env_mask.bool()] == 0).all() and grad_logprobs[batch.response_mask.bool()].abs().sum() > 0
+    env = batch.env_mask[0].tolist()
+    end = next(t for t in range(env.index(1), len(env)) if not env[t])  # the end of the first tool answer
+    cut = replace(batch, **{f: getattr(batch, f)[:, :end] for f in TOKEN_FIELDS if getattr(batch, f) is not None})
+    _, grads = gradients(cut)
+    changed = torch.where(cut.env_mask.bool(), 7, cut.response_ids)
+    _, grads_changed = gradients(replace(cut, response_ids=changed))
+    assert not torch.equal(changed, cut.response_ids) and all(torch.equal(grads[n], grads_changed[n]) for n in grads)
+
+
+def test_max_turns_and_the_token_budget(tool_model):
+    model, tokenizer, _ = tool_model
+    actor = Actor(model, tokenizer)
+    batch, metrics = actor.generate_conversations(_echo_rollout(tokenizer, max_turns=2), _rows(tokenizer, 2),
+                                                  max_new_tokens=16, seed=2)
+    assert metrics["turns/mean"] == 2.0 and metrics["stop/max_turns"] == 1.0
+    budget = 24
+    batch, metrics = actor.generate_conversations(_echo_rollout(tokenizer, max_turns=8, max_tokens=budget),
+                                                  _rows(tokenizer, 4), max_new_tokens=16, seed=3)
+    assert metrics["stop/budget"] == 1.0 and batch.response_attention_mask.sum(dim=1).max() <= budget
+    assert batch.truncated.all()
+
+
+class CountingGame:
+    """An environment of our own (environment=): replies 'again' twice with a reward per turn, then ends."""
+
+    def __init__(self):
+        self.turns = 0
+
+    def reset(self, row):
+        return None
+
+    def step(self, message):
+        self.turns += 1
+        return Step([{"role": "user", "content": "again"}], reward=float(self.turns), done=self.turns == 3)
+
+
+def test_an_environment_of_our_own_places_each_turns_reward_on_its_last_token(tool_model):
+    model, tokenizer, _ = tool_model
+    rollout = MultiTurnRollout(CountingGame, tokenizer, None, max_turns=5, max_tokens=200, env_timeout_s=30)
+    batch, metrics = Actor(model, tokenizer).generate_conversations(rollout, _rows(tokenizer, 2), max_new_tokens=16,
+                                                                    seed=4)
+    assert metrics["stop/done"] == 1.0 and metrics["turns/mean"] == 3.0
+    last_turn = MultiTurnRollout(CountingGame, tokenizer, None, max_turns=3, max_tokens=200, env_timeout_s=30)
+    cut, cut_metrics = Actor(model, tokenizer).generate_conversations(last_turn, _rows(tokenizer, 2),
+                                                                      max_new_tokens=16, seed=4)
+    assert cut_metrics["stop/done"] == 1.0 and cut.turn_rewards.sum(dim=1).tolist() == [6.0, 6.0]  # turn 3 scored
+    for row in range(len(batch)):
+        mask = batch.response_mask[row]
+        turn_ends = [t for t in range(len(mask)) if mask[t] and (t + 1 == len(mask) or not mask[t + 1])]
+        assert batch.turn_rewards[row, turn_ends].tolist() == [1.0, 2.0, 3.0]
+        assert batch.turn_rewards[row].sum() == 6.0
+
+
+def test_grpo_with_tools_trains_end_to_end(tool_model, tmp_path):
+    """VerlTrainer(environment=...): conversations every round and at evaluation, rewards that read the whole
+    conversation and the tool calls' outcomes, the multi-turn metrics logged, the weights trained."""
+    from datasets import Dataset
+
+    from conftest import small_config
+    from verl_hf import VerlTrainer
+
+    model, tokenizer, _ = tool_model
+    data = Dataset.from_list([{"prompt": p, "answer": p[0]["content"]} for p in prompts(32, seed=9)])
+    seen = []
+
+    def used_the_tool(prompts, completions, completion_ids, messages, tool_statuses, **columns):
+        seen.append(messages[0])
+        return [float(bool(s) and all(x == "ok" for x in s)) + 0.1 * len(c) for s, c in zip(tool_statuses, completions)]
+
+    args = small_config(tmp_path, reward_funcs=None, reward_weights=None, max_steps=2, max_turns=2,
+                        max_response_length=48, max_turn_length=12, per_device_train_batch_size=16, num_generations=4,
+                        per_device_eval_batch_size=8, learning_rate=1e-3)
+    # environment=: the tool environment with our own parser (the tiny model writes no Hermes calls)
+    trainer = VerlTrainer(model=model, processing_class=tokenizer, args=args, train_dataset=data,
+                          eval_dataset=data.select(range(8)), reward_funcs=[used_the_tool],
+                          environment=lambda: ToolEnvironment(as_tools([echo]), every_turn_calls_echo))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "turns/mean" in h]
+    # two turns each; the second's call runs too, unless the model ended with an empty turn (no call: done)
+    assert len(logs) == 2 and all(h["turns/mean"] == 2.0 and 1.0 < h["tool_calls/mean"] <= 2.0 for h in logs)
+    assert all(0 < h["env_tokens/frac"] < 1 for h in logs)
+    assert seen and seen[0][0]["role"] == "user" and any(m["role"] == "tool" for m in seen[0])
+    assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
+    assert "eval_reward" in trainer.evaluate()
+
+
+def test_the_tools_front_door_and_its_errors_before_any_model_loads(tool_model, tmp_path, monkeypatch):
+    """tools=[fn]: the prompts show the tools through the chat template, and conversations run (this model
+    writes no Hermes calls, so each ends after its first turn). Bad tools, a template without tool support,
+    both front doors at once, a non-factory environment and multi-turn settings without multi-turn are refused
+    before the policy is loaded."""
+    from datasets import Dataset
+
+    from conftest import small_config
+    from verl_hf import VerlTrainer
+    from verl_hf import trainer_setup
+
+    _, tokenizer, path = tool_model
+    data = Dataset.from_list([{"prompt": p, "answer": "1"} for p in prompts(16, seed=2)])
+    args = small_config(tmp_path, reward_funcs=["exact_match"], reward_weights=None, max_steps=1,
+                        max_prompt_length=64, max_response_length=24, per_device_train_batch_size=16,
+                        num_generations=4)
+    trainer = VerlTrainer(model=path, args=args, train_dataset=data, tools=[echo])
+    assert "Tools: echo(text)" in tokenizer.decode(trainer.train_dataset[0]["prompt_ids"])
+    trainer.train()
+    assert next(h for h in trainer.state.log_history if "turns/mean" in h)["stop/done"] == 1.0
+
+    def undocumented(x: int) -> int:
+        return x
+
+    monkeypatch.setattr(trainer_setup, "load_policy", lambda *a, **k: pytest.fail("the policy was loaded"))
+    cases = [({"tools": [undocumented]}, ValueError, "tool 'undocumented': .*docstring"),
+             ({"tools": [echo, echo]}, ValueError, "two tools are named 'echo'"),
+             ({"tools": [echo], "environment": CountingGame}, ValueError, "not both"),
+             ({"environment": CountingGame()}, TypeError, "Pass the class, not an instance")]
+    for kwargs, error, message in cases:
+        with pytest.raises(error, match=message):
+            VerlTrainer(model=path, args=args, train_dataset=data, **kwargs)
+    with pytest.raises(ValueError, match="max_turns=3 takes effect only in multi-turn rollouts"):
+        VerlTrainer(model=path, args=small_config(tmp_path, max_turns=3), train_dataset=data)
+    plain = data.map(lambda row: {"prompt": row["prompt"][0]["content"]})
+    with pytest.raises(ValueError, match="need chat prompts"):
+        VerlTrainer(model=path, args=args, train_dataset=plain, tools=[echo])
+
+
+def test_multi_turn_batches_join_and_dynamic_sampling_reads_turn_rewards(tool_model):
+    """Rounds of conversations join (dynamic sampling refills) whether or not their environments gave any
+    reward, and a group whose outcome rewards are equal but whose turn rewards differ is informative."""
+    from types import SimpleNamespace
+
+    from verl_hf.batch import concat_batches
+    from verl_hf.round import split_informative
+
+    model, tokenizer, _ = tool_model
+    actor = Actor(model, tokenizer)
+    scored, _ = actor.generate_conversations(
+        MultiTurnRollout(CountingGame, tokenizer, None, max_turns=2, max_tokens=200, env_timeout_s=30),
+        _rows(tokenizer, 1), max_new_tokens=16, num_return_sequences=2, seed=5)
+    plain, _ = actor.generate_conversations(_echo_rollout(tokenizer, max_turns=2), _rows(tokenizer, 1),
+                                            max_new_tokens=16, num_return_sequences=2, seed=6)
+    joined = concat_batches([scored, plain], tokenizer.pad_token_id)
+    assert joined.turn_rewards.shape == joined.response_ids.shape and joined.turn_rewards[2:].sum() == 0
+    assert joined.env_mask.shape == joined.response_ids.shape
+    scored.rewards, scored.valid = torch.zeros(2), torch.ones(2, dtype=torch.bool)  # equal outcome rewards
+    scored.turn_rewards.zero_()
+    scored.turn_rewards[0, 0] = 1.0  # only the first sample's environment rewarded a turn
+    no_constraint = SimpleNamespace(flat_groups=lambda batch, flat: flat)
+    informative, flat = split_informative(scored, no_constraint)
+    assert len(informative) == 2 and len(flat) == 0

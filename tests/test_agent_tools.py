@@ -1,0 +1,182 @@
+"""Tools, tool-call parsing, the tool environment's limits, and token-in/token-out continuations from the chat
+template (verl_hf/agent/): unit tests on a real BPE tokenizer with a ChatML template."""
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from architectures import CHATML, CHATML_TOOLS, build_tokenizer  # noqa: E402
+
+from verl_hf.agent import (ChatTemplateError, Step, ToolCall, ToolEnvironment, as_tools, check_extendable,  # noqa: E402
+                           continuation_ids, environment_factory, parse_hermes)
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers.
+
+    Args:
+        a: The first factor.
+        b: The second factor.
+    """
+    return a * b
+
+
+def fails(x: str) -> str:
+    """Always fails.
+
+    Args:
+        x: Anything.
+    """
+    raise ValueError("no luck")
+
+
+def hangs(seconds: float) -> str:
+    """Sleeps.
+
+    Args:
+        seconds: How long.
+    """
+    time.sleep(seconds)
+    return "woke"
+
+
+async def async_add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first.
+        b: The second.
+    """
+    await asyncio.sleep(0)
+    return a + b
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    tok = build_tokenizer()
+    tok.chat_template = CHATML_TOOLS
+    return tok
+
+
+def test_a_tool_schema_comes_from_type_hints_and_docstring():
+    tools = as_tools([multiply, async_add])
+    assert list(tools) == ["multiply", "async_add"]
+    assert tools["multiply"].schema["function"]["parameters"]["properties"]["a"] == {
+        "type": "integer", "description": "The first factor."}
+
+
+def test_bad_tools_are_refused_by_name():
+    def untyped(x):
+        """Doc.
+
+        Args:
+            x: x.
+        """
+
+    def undocumented(x: int) -> int:
+        return x
+
+    with pytest.raises(ValueError, match="tool 'untyped': .*type hint"):
+        as_tools([untyped])
+    with pytest.raises(ValueError, match="tool 'undocumented': .*docstring"):
+        as_tools([undocumented])
+    with pytest.raises(ValueError, match="two tools are named 'multiply'"):
+        as_tools([multiply, multiply])
+    with pytest.raises(TypeError, match="is a int, not a callable"):
+        as_tools([3])
+    with pytest.raises(ValueError, match="tool 'no_such_module_zz:f': cannot import module"):
+        as_tools(["no_such_module_zz:f"])
+    assert list(as_tools(["test_agent_tools:multiply"])) == ["multiply"]  # the config form
+
+
+def test_hermes_calls_and_what_is_wrong_with_the_others():
+    text = ('<tool_call>{"name": "multiply", "arguments": {"a": 2, "b": 3}}</tool_call> then '
+            '<tool_call>{"name": "multiply", "arguments": "{\\"a\\": 1, \\"b\\": 1}"}</tool_call>'
+            '<tool_call>{not json}</tool_call><tool_call>{"arguments": {}}</tool_call><tool_call>{"name": "x"')
+    calls = parse_hermes(text)
+    assert calls[0] == ToolCall("multiply", {"a": 2, "b": 3}) and calls[1] == ToolCall("multiply", {"a": 1, "b": 1})
+    assert "not valid JSON" in calls[2].error and "expected" in calls[3].error and "not closed" in calls[4].error
+    assert parse_hermes("no calls here") == []
+
+
+def _step(env, text):
+    return asyncio.run(env.step({"role": "assistant", "content": text}))
+
+
+def _call(name, **arguments):
+    import json
+
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+def test_the_tool_environment_answers_every_call_and_counts_what_went_wrong():
+    env = ToolEnvironment(as_tools([multiply, fails, hangs, async_add]), timeout_s=0.3)
+    step = _step(env, _call("multiply", a=6, b=7) + _call("async_add", a=1, b=2) + _call("fails", x="?")
+                 + _call("hangs", seconds=30) + _call("nope") + "<tool_call>{bad}</tool_call>")
+    assert step.statuses == ("ok", "ok", "error", "timeout", "unknown_tool", "malformed") and not step.done
+    contents = [m["content"] for m in step.messages]
+    assert contents[:2] == ["42", "3"] and contents[2] == "Error: ValueError: no luck"
+    assert "did not return within 0.3 s" in contents[3] and "no tool named 'nope'" in contents[4]
+    assert "could not be parsed" in contents[5] and all(m["role"] == "tool" for m in step.messages)
+    assert _step(env, "The answer is 42.") == Step(done=True)  # no call: the final answer
+
+
+def test_calls_beyond_the_limit_are_not_run_and_end_the_episode():
+    env = ToolEnvironment(as_tools([multiply]), max_tool_calls=2)
+    first = _step(env, _call("multiply", a=1, b=1))
+    assert first.statuses == ("ok",) and not first.done
+    second = _step(env, _call("multiply", a=2, b=2) + _call("multiply", a=3, b=3))
+    assert second.statuses == ("ok", "over_limit") and second.done
+
+
+def test_sixteen_sleeping_calls_run_at_once():
+    env = ToolEnvironment(as_tools([hangs]), max_tool_calls=16, timeout_s=5)
+    start = time.perf_counter()
+    step = _step(env, _call("hangs", seconds=0.5) * 16)
+    assert step.statuses == ("ok",) * 16 and time.perf_counter() - start < 2.0  # one after another: 8 s
+
+
+def test_an_environment_must_be_a_factory():
+    with pytest.raises(TypeError, match="Pass the class, not an instance"):
+        environment_factory(ToolEnvironment(as_tools([multiply])), {}, "hermes", 1, 1.0)
+    with pytest.raises(TypeError, match="must be a factory"):
+        environment_factory("env", {}, "hermes", 1, 1.0)
+    assert isinstance(environment_factory(None, as_tools([multiply]), "hermes", 1, 1.0)(), ToolEnvironment)
+
+
+def test_the_continuation_is_the_templates_suffix(tokenizer):
+    """The ids after a sampled turn: the closing of that turn, the tool message, the next assistant header;
+    prompt + turn + continuation is exactly the template's rendering of the longer conversation."""
+    tools = [t.schema for t in as_tools([multiply]).values()]
+    messages = [{"role": "user", "content": "What is 6 times 7?"}]
+    turn = tokenizer(_call("multiply", a=6, b=7), add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+    answer = [{"role": "tool", "content": "42"}]
+    ids = continuation_ids(tokenizer, messages, turn, answer, tools)
+    assert tokenizer.decode(ids) == "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
+    prompt = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+    whole = tokenizer.apply_chat_template([*messages, {"role": "assistant", "content": tokenizer.decode(turn[:-1])},
+                                           *answer], tools=tools, add_generation_prompt=True, tokenize=False)
+    assert tokenizer.decode(tokenizer(prompt, add_special_tokens=False).input_ids + turn + ids) == whole
+
+
+def test_templates_that_cannot_be_extended_are_refused(tokenizer):
+    check_extendable(tokenizer, [t.schema for t in as_tools([multiply]).values()])
+    plain = build_tokenizer()
+    plain.chat_template = CHATML
+    with pytest.raises(ChatTemplateError, match="ignores tools="):
+        check_extendable(plain, [t.schema for t in as_tools([multiply]).values()])
+    rewriting = build_tokenizer()  # drops every earlier assistant turn, as reasoning templates do
+    rewriting.chat_template = ("{% for m in messages %}{% if m['role'] != 'assistant' or loop.last %}<|im_start|>"
+                               "{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
+                               "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    with pytest.raises(ChatTemplateError, match="cannot be extended turn by turn"):
+        check_extendable(rewriting)
+    none = build_tokenizer()
+    none.chat_template = None
+    with pytest.raises(ChatTemplateError, match="need a tokenizer with a chat template"):
+        check_extendable(none)

@@ -1,0 +1,84 @@
+"""Token in, token out: the ids that follow a sampled assistant turn, taken from the chat template as a suffix.
+
+The training sequence of a multi-turn sample is the prompt's ids, then for each turn the ids the model
+sampled (kept as sampled, never re-tokenized) and the ids of the messages that answer it (tool results,
+the environment's reply) with the next assistant header. Only those answering messages are tokenized: the
+template renders the conversation with and without them, and the difference is the suffix. That needs a
+template that renders every conversation as an extension of its prefixes, and renders the model's own turn
+exactly as it was sampled; `check_extendable` tries one at start-up and says what breaks it.
+
+See it work: tests/test_agent_tools.py.
+"""
+
+from __future__ import annotations
+
+
+class ChatTemplateError(ValueError):
+    """The chat template cannot be extended turn by turn (or ignores the tools it is given)."""
+
+
+def render(tokenizer, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                         add_generation_prompt=add_generation_prompt)
+
+
+def continuation_ids(tokenizer, messages: list[dict], turn_ids: list[int], new_messages: list[dict],
+                     tools: list[dict] | None = None) -> list[int]:
+    """Ids to append after `turn_ids` (the model's turn, ending with its end-of-turn token) answering
+    `messages` (the conversation it was shown): the rest of the template's closing of that turn, the
+    `new_messages`, and the next assistant header. How the template renders the turn's own text does not
+    matter (some trim it): only what comes after its end-of-turn token, and that the longer conversation
+    renders as an extension of the shorter one (ChatTemplateError otherwise)."""
+    content = tokenizer.decode(turn_ids[:-1], skip_special_tokens=False)
+    end_of_turn = tokenizer.decode(turn_ids[-1:], skip_special_tokens=False)
+    turn = {"role": "assistant", "content": content}
+    answered = render(tokenizer, [*messages, turn], tools, add_generation_prompt=False)
+    following = render(tokenizer, [*messages, turn, *new_messages], tools, add_generation_prompt=True)
+    if not following.startswith(answered):
+        raise ChatTemplateError(_mismatch("the conversation before the new messages", answered, following))
+    closing = answered.rfind(end_of_turn)
+    if closing < len(render(tokenizer, messages, tools, add_generation_prompt=True)):
+        raise ChatTemplateError(f"the chat template does not end an assistant turn with the token the model ended "
+                                f"it with ({end_of_turn!r}, the tokenizer's eos_token): set tokenizer.eos_token to "
+                                f"the template's end-of-turn token (e.g. '<|im_end|>' for ChatML templates).")
+    suffix = answered[closing + len(end_of_turn):] + following[len(answered):]
+    return tokenizer(suffix, add_special_tokens=False).input_ids
+
+
+def _mismatch(what: str, expected_prefix: str, rendered: str) -> str:
+    at = next((i for i, (a, b) in enumerate(zip(expected_prefix, rendered)) if a != b),
+              min(len(expected_prefix), len(rendered)))
+    return (f"the chat template cannot be extended turn by turn: its rendering does not start with {what} "
+            f"(they differ at character {at}: expected {expected_prefix[at:at + 40]!r}, got "
+            f"{rendered[at:at + 40]!r}). Multi-turn training keeps the sampled ids, so the template must never "
+            f"rewrite earlier turns (templates that drop earlier reasoning, e.g. Qwen3's <think>, do); pass a "
+            f"tokenizer with such a template.")
+
+
+def check_extendable(tokenizer, tools: list[dict] | None = None) -> None:
+    """Refuse, before any training, a tokenizer without a chat template, a template that ignores `tools`,
+    or one that cannot be extended by suffix (tried on a short conversation: with tools a tool reply,
+    without them a user reply, whose turn text has the spaces some templates trim)."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ChatTemplateError("multi-turn rollouts need a tokenizer with a chat template (tokenizer.chat_template "
+                                "is None).")
+    if tokenizer.eos_token_id is None:
+        raise ChatTemplateError("multi-turn rollouts need the tokenizer's eos_token (the end of an assistant turn).")
+    messages = [{"role": "user", "content": "What is 12 times 34?"}]
+    reply = [{"role": "tool" if tools else "user", "content": "408"}]
+    turn = tokenizer(" I will work it out. ", add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+    try:
+        if tools:
+            shown = render(tokenizer, messages, tools, add_generation_prompt=True)
+            missing = [t["function"]["name"] for t in tools if t["function"]["name"] not in shown]
+            if missing:
+                raise ChatTemplateError(f"the chat template ignores tools=: the model would never see {missing}. "
+                                        f"Use a tokenizer whose template renders `tools` (Qwen2.5, Llama 3.1, "
+                                        f"Hermes, ...).")
+        continuation_ids(tokenizer, messages, turn, reply, tools)
+    except ChatTemplateError:
+        raise
+    except Exception as exc:  # jinja's own errors (e.g. roles that must alternate)
+        raise ChatTemplateError(f"the chat template cannot render a multi-turn conversation ({type(exc).__name__}: "
+                                f"{exc}); tried a user message, an assistant turn and a {reply[0]['role']!r} "
+                                f"reply.") from exc

@@ -1,0 +1,72 @@
+"""Environments: what answers the model between its turns. `tools=` builds one (`ToolEnvironment`); a user's
+`environment=` factory makes one per sample, for games, simulators, user simulators and graders that keep
+state across turns.
+
+The protocol, each method sync or `async`:
+- `reset(row) -> list[dict] | None`: the messages the conversation starts with (None: the row's prompt);
+- `step(message) -> Step`: the model's turn as an assistant message {"role": "assistant", "content": ...};
+  returns the messages that answer it, an optional reward for that turn, and whether the episode is over.
+
+See it work: tests/test_agent_loop.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .parsers import tool_call_parser
+from .tools import Tool, ToolResult, answer
+
+
+@dataclass(frozen=True)
+class Step:
+    """An environment's answer to one assistant turn. `reward`: for that turn (placed on its last token),
+    None for none. `statuses`: what each tool call of the turn did (tools.STATUSES), for the metrics."""
+
+    messages: list[dict] = field(default_factory=list)
+    reward: float | None = None
+    done: bool = False
+    statuses: tuple[str, ...] = ()
+
+
+class ToolEnvironment:
+    """Holds: the tools, the parser, the per-call time limit, and how many calls this sample has left.
+
+    Each assistant turn's tool calls run concurrently and answer as `tool` messages, in order. A turn
+    without a tool call is the final answer (done). A turn that goes past `max_tool_calls` ends the episode:
+    the calls beyond the limit are not run (their answers, in the reward functions' `messages`, say so)."""
+
+    def __init__(self, tools: dict[str, Tool], parser="hermes", max_tool_calls: int = 8,
+                 timeout_s: float | None = 60.0):
+        self.tools, self.parse, self.timeout_s = tools, tool_call_parser(parser), timeout_s
+        self.calls_left = max_tool_calls
+
+    def reset(self, row: dict) -> None:
+        return None
+
+    async def step(self, message: dict) -> Step:
+        calls = self.parse(message["content"])
+        if not calls:
+            return Step(done=True)
+        allowed, self.calls_left = calls[: max(self.calls_left, 0)], self.calls_left - len(calls)
+        results = list(await asyncio.gather(*(answer(c, self.tools, self.timeout_s) for c in allowed)))
+        if len(allowed) < len(calls):
+            results += [ToolResult("Error: the limit of tool calls was reached; answer now.", "over_limit")] * (
+                len(calls) - len(allowed))
+        messages = [{"role": "tool", "name": c.name or "", "content": r.content} for c, r in zip(calls, results)]
+        return Step(messages, done=self.calls_left < 0, statuses=tuple(r.status for r in results))
+
+
+def environment_factory(environment, tools: dict[str, Tool], parser, max_tool_calls: int,
+                        timeout_s: float | None) -> Callable[[], object]:
+    """One factory for both front doors: `environment` (a class or zero-argument callable returning an object
+    with reset/step) or, for `tools=`, a ToolEnvironment per sample."""
+    if environment is not None:
+        if not callable(environment) or (hasattr(environment, "step") and not isinstance(environment, type)):
+            raise TypeError(f"environment= must be a factory (a class, or a function of no arguments returning an "
+                            f"environment), called once per sample; got a {type(environment).__name__}. Pass the "
+                            f"class, not an instance.")
+        return environment
+    return lambda: ToolEnvironment(tools, parser, max_tool_calls, timeout_s)

@@ -1,0 +1,214 @@
+"""The multi-turn rollout loop: one loop over any rollout engine, for `tools=` and `environment=` alike.
+
+Each sample is a conversation. A turn: every unfinished sample's whole sequence so far (its prompt ids, then
+everything after) goes to the engine as a prompt, and the ids it samples are kept as they are (token in,
+token out). Then every sample's environment answers at once (tools and async environments run concurrently
+on the event loop the rewards use), and the answering messages' ids are appended (chat.py). A sample ends
+when its environment says so (for tools: a turn without a tool call), after `max_turns` turns, when its
+total of `max_tokens` (model and environment tokens together) would be passed, or when a turn reaches the
+sampling's `max_new_tokens` without ending.
+
+`to_batch` makes the round's RolloutBatch: `response_mask` is 1 on the model's tokens only, `env_mask` 1 on
+the environment's (attended, never trained on), sampling log-probs exist for the model's tokens, and an
+environment's per-turn rewards sit on the last token of their turn (`turn_rewards`).
+
+See it work: tests/test_agent_loop.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from ..batch import RolloutBatch
+from ..rewards.calling import run_coroutines
+from ..rollout.base import SamplingConfig, left_pad
+from .chat import ChatTemplateError, continuation_ids
+from .environment import Step
+from .tools import call_anyhow
+
+logger = logging.getLogger(__name__)
+STOP_REASONS = ("done", "max_turns", "budget", "length", "other_stop", "template")
+
+
+@dataclass
+class Conversation:
+    """One sample: its prompt ids and messages, its environment, and everything after the prompt so far."""
+
+    prompt_ids: list[int]
+    messages: list[dict]
+    env: object
+    ids: list[int] = field(default_factory=list)  # model and environment tokens, in order
+    from_model: list[int] = field(default_factory=list)  # 1: sampled by the model, 0: the environment's
+    logprobs: list[float] = field(default_factory=list)  # sampling log-probs (0.0 on environment tokens)
+    rewards: dict[int, float] = field(default_factory=dict)  # position in ids -> that turn's reward
+    statuses: list[str] = field(default_factory=list)  # every tool call's outcome (tools.STATUSES)
+    turns: int = 0
+    stop: str | None = None  # one of STOP_REASONS once finished
+    last_turn: list[int] = field(default_factory=list)
+
+
+class MultiTurnRollout:
+    """Holds: the environment factory, the tokenizer, the tools' schemas (for the chat template), and the
+    limits: `max_turns`, `max_tokens` per sample (model and environment tokens), `turn_length` per turn,
+    `env_timeout_s` per answer."""
+
+    def __init__(self, make_env, tokenizer, tools_schema: list[dict] | None, max_turns: int, max_tokens: int,
+                 env_timeout_s: float | None, turn_length: int | None = None):
+        """`turn_length`: the most tokens one turn may sample (None: the caller's max_new_tokens)."""
+        self.make_env, self.tokenizer, self.tools_schema = make_env, tokenizer, tools_schema
+        self.max_turns, self.max_tokens, self.env_timeout_s = max_turns, max_tokens, env_timeout_s
+        self.turn_length = turn_length
+
+    def run(self, engine, rows: list[dict], params: SamplingConfig) -> list[Conversation]:
+        """`params.num_return_sequences` conversations per row (adjacent), played to their end. The last
+        allowed turn is answered too (an environment may score it), but nothing is appended after it."""
+        n = params.num_return_sequences
+        conversations = self.start([row for row in rows for _ in range(n)])
+        seeds = None if params.row_seeds is None else [(s, k) for s in params.row_seeds for k in range(n)]
+        for turn in range(self.max_turns):
+            active = [i for i, c in enumerate(conversations) if c.stop is None]
+            if not active:
+                break
+            # Every (prompt seed, sample, turn) its own seed, within vLLM's and torch's range.
+            turn_seeds = None if seeds is None else tuple(hash((*seeds[i], turn)) % 2**31 for i in active)
+            fixed = None if params.seed is None else hash((params.seed, turn)) % 2**31
+            self.sample_turn(engine, [conversations[i] for i in active], replace(params, seed=fixed), turn_seeds)
+            self.answer_turn([conversations[i] for i in active if conversations[i].stop is None],
+                             last=turn + 1 == self.max_turns)
+        return conversations
+
+    def start(self, rows: list[dict]) -> list[Conversation]:
+        envs = [self.make_env() for _ in rows]
+        firsts = self._all([(env.reset, (row,)) for env, row in zip(envs, rows)], "reset")
+        conversations = []
+        for row, env, first in zip(rows, envs, firsts):
+            if first is not None:  # the environment opens the conversation itself
+                raise NotImplementedError("environments whose reset() returns messages are not supported yet; "
+                                          "return None and put the opening messages in the dataset's prompt.")
+            if not isinstance(row.get("prompt"), list):
+                raise ValueError("multi-turn rollouts need chat prompts (a list of {'role', 'content'} messages "
+                                 f"per row); got {type(row.get('prompt')).__name__}.")
+            conversations.append(Conversation(list(row["prompt_ids"]), list(row["prompt"]), env))
+        return conversations
+
+    def sample_turn(self, engine, active: list[Conversation], params: SamplingConfig, seeds) -> None:
+        """One turn of the model for every conversation in `active`, appended as sampled."""
+        room = [self.max_tokens - len(c.ids) for c in active]
+        cap = min(params.max_new_tokens, self.turn_length or params.max_new_tokens, max(room))
+        turn = replace(params, max_new_tokens=cap, num_return_sequences=1,
+                       row_seeds=seeds, return_logprobs=True, return_routes=False)
+        out = engine.generate([c.prompt_ids + c.ids for c in active], turn)
+        for row, (c, space) in enumerate(zip(active, room)):
+            length = int(out.response_mask[row].sum())
+            ids = out.response_ids[row, :length].tolist()[:space]
+            logprobs = out.logprobs[row, :length].tolist()[:space] if out.logprobs is not None else [0.0] * len(ids)
+            c.ids, c.from_model, c.logprobs = c.ids + ids, c.from_model + [1] * len(ids), c.logprobs + logprobs
+            c.last_turn, c.turns = ids, c.turns + 1
+            if len(ids) < length:
+                c.stop = "budget"
+            elif bool(out.truncated[row]):
+                c.stop = "length" if len(ids) < space else "budget"
+
+    def answer_turn(self, waiting: list[Conversation], last: bool = False) -> None:
+        """Every waiting conversation's environment answers its last turn; the answer's ids are appended,
+        except after the `last` allowed turn (then the sample ends at `max_turns`, its reward kept). A turn
+        that ended on another stop token than the template's end of turn (eos_token) ends its sample
+        unanswered ("other_stop"): the template cannot continue it."""
+        for c in waiting:
+            if c.last_turn[-1] != self.tokenizer.eos_token_id:
+                c.stop = "other_stop"
+        waiting = [c for c in waiting if c.stop is None]
+        decode = self.tokenizer.decode
+        turns = [{"role": "assistant", "content": decode(c.last_turn[:-1], skip_special_tokens=False)} for c in waiting]
+        steps = self._all([(c.env.step, (turn,)) for c, turn in zip(waiting, turns)], "step")
+        for c, turn, step in zip(waiting, turns, steps):
+            if not isinstance(step, Step):
+                raise TypeError(f"environment.step returned a {type(step).__name__}, not a verl_hf.agent.Step.")
+            if step.reward is not None:
+                c.rewards[len(c.ids) - 1] = float(step.reward)
+            before, c.statuses = c.messages, c.statuses + list(step.statuses)
+            # The reward functions' `messages` hold the environment's last reply even when no turn follows it.
+            c.messages = [*before, turn, *step.messages]
+            if step.done or last:
+                c.stop = "done" if step.done else "max_turns"
+                continue
+            try:
+                suffix = continuation_ids(self.tokenizer, before, c.last_turn, step.messages, self.tools_schema)
+            except ChatTemplateError as exc:  # this turn's text: the template's check at start-up passed
+                logger.warning("multi-turn: a sample ends early, its continuation failed: %s", exc)
+                c.stop = "template"
+                continue
+            if len(c.ids) + len(suffix) >= self.max_tokens:  # no room left for another turn
+                c.stop = "budget"
+                continue
+            c.ids, c.from_model = c.ids + suffix, c.from_model + [0] * len(suffix)
+            c.logprobs += [0.0] * len(suffix)
+
+    def _all(self, calls: list[tuple], what: str) -> list:
+        """Each (method, args)'s result, run concurrently (sync methods each in a thread of their own); an
+        environment that raises or times out stops the rollout with its sample's index."""
+        results = run_coroutines([call_anyhow(method, args, label=f"env-{what}") for method, args in calls],
+                                 self.env_timeout_s, [f"environment.{what}"] * len(calls), setting="env_timeout_s")
+        for i, result in enumerate(results):
+            if isinstance(result, BaseException):
+                raise RuntimeError(f"environment.{what} failed on sample {i}: {type(result).__name__}: {result}") \
+                    from result
+        return results
+
+    def metrics(self, conversations: list[Conversation]) -> dict[str, float]:
+        """turns/mean, tool_calls/mean and per outcome, env_tokens/frac, and the share of each stop reason."""
+        count = len(conversations)
+        statuses = Counter(s for c in conversations for s in c.statuses)
+        tokens = sum(len(c.ids) for c in conversations)
+        out = {"turns/mean": sum(c.turns for c in conversations) / count,
+               "tool_calls/mean": sum(statuses.values()) / count,
+               "tool_calls/errors": (statuses["error"] + statuses["unknown_tool"]) / count,
+               "tool_calls/malformed": statuses["malformed"] / count, "tool_calls/timeouts": statuses["timeout"] / count,
+               "tool_calls/over_limit": statuses["over_limit"] / count,
+               "env_tokens/frac": sum(len(c.ids) - sum(c.from_model) for c in conversations) / max(tokens, 1)}
+        stops = Counter(c.stop for c in conversations)
+        out.update({f"stop/{reason}": stops[reason] / count for reason in STOP_REASONS})
+        return out
+
+
+def to_batch(conversations: list[Conversation], rows: list[dict], num_return_sequences: int, tokenizer) -> RolloutBatch:
+    """The round's RolloutBatch: model tokens in response_mask, environment tokens in env_mask, per-turn
+    rewards on their turn's last token. `completions` is each conversation's last assistant message;
+    reward functions also get its whole `messages` and its `tool_statuses` as columns."""
+    pad = tokenizer.pad_token_id
+    prompt_ids, prompt_mask = left_pad([c.prompt_ids for c in conversations], pad)
+    width = max(max(len(c.ids) for c in conversations), 1)
+    shape = (len(conversations), width)
+    response_ids, from_model = torch.full(shape, pad, dtype=torch.long), torch.zeros(shape, dtype=torch.long)
+    env, logprobs, turn_rewards = torch.zeros(shape, dtype=torch.long), torch.zeros(shape), torch.zeros(shape)
+    for row, c in enumerate(conversations):
+        length = len(c.ids)
+        response_ids[row, :length] = torch.tensor(c.ids, dtype=torch.long)
+        from_model[row, :length] = torch.tensor(c.from_model, dtype=torch.long)
+        env[row, :length] = 1 - from_model[row, :length]
+        logprobs[row, :length] = torch.tensor(c.logprobs)
+        for position, reward in c.rewards.items():
+            turn_rewards[row, position] = reward
+    n, skip = num_return_sequences, ("prompt", "prompt_ids")
+    columns = {k: [row[k] for row in rows for _ in range(n)] for k in rows[0] if k not in skip}
+    columns.update(messages=[c.messages for c in conversations], tool_statuses=[list(c.statuses) for c in conversations])
+    return RolloutBatch(
+        prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids, response_mask=from_model,
+        env_mask=env, truncated=torch.tensor([c.stop in ("budget", "length", "max_turns") for c in conversations]),
+        rollout_logprobs=logprobs, turn_rewards=turn_rewards,  # zeros without any: batches of a round join alike
+        group_ids=torch.arange(len(rows)).repeat_interleave(n), prompts=[row["prompt"] for row in rows for _ in range(n)],
+        completions=[_final_answer(c, tokenizer) for c in conversations], columns=columns)
+
+
+def _final_answer(conversation: Conversation, tokenizer) -> str:
+    """The text of the conversation's last assistant turn (what answer-checking rewards read)."""
+    mask = conversation.from_model
+    end = max((i for i, m in enumerate(mask) if m), default=-1) + 1
+    start = end
+    while start > 0 and mask[start - 1]:
+        start -= 1
+    return tokenizer.decode(conversation.ids[start:end], skip_special_tokens=True)
