@@ -180,3 +180,18 @@ def test_templates_that_cannot_be_extended_are_refused(tokenizer):
     none.chat_template = None
     with pytest.raises(ChatTemplateError, match="need a tokenizer with a chat template"):
         check_extendable(none)
+
+
+def test_a_tool_abandoned_at_its_limit_ends_quietly_after_its_loop_closed():
+    """The thread of a timed-out sync tool finishes later, when nobody waits and its event loop may be gone:
+    it ends without an exception of its own."""
+    import threading
+
+    errors, hook = [], threading.excepthook
+    threading.excepthook = lambda info: errors.append(info.exc_value)
+    try:
+        step = _step(ToolEnvironment(as_tools([hangs]), timeout_s=0.2), _call("hangs", seconds=0.6))
+        time.sleep(1.0)
+    finally:
+        threading.excepthook = hook
+    assert step.statuses == ("timeout",) and errors == []

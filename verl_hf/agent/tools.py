@@ -97,11 +97,13 @@ async def call_anyhow(func: Callable, args: tuple = (), kwargs: dict | None = No
 
     def work():
         try:
-            result = func(*args, **kwargs)
+            outcome = (func(*args, **kwargs), None)
         except BaseException as exc:  # noqa: BLE001 - the caller reports it
-            loop.call_soon_threadsafe(settle, None, exc)
-        else:
-            loop.call_soon_threadsafe(settle, result)
+            outcome = (None, exc)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # abandoned at its time limit, and its loop has closed since: nobody waits
+            pass
 
     threading.Thread(target=work, name=f"verl_hf-{label}", daemon=True).start()
     result = await future
