@@ -139,6 +139,13 @@ PROMPT_FIELDS = ("prompt_ids", "prompt_mask", "prompt_routes")
 PAD_VALUES = {"response_routes": -1, "prompt_routes": -1}
 
 
+def row_columns(rows: list[dict], num_return_sequences: int) -> dict[str, list]:
+    """The dataset rows' columns (all but the prompt and its ids), each value repeated for the row's
+    `num_return_sequences` adjacent samples: what reward functions receive beside the completions."""
+    return {k: [row[k] for row in rows for _ in range(num_return_sequences)] for k in rows[0]
+            if k not in ("prompt", "prompt_ids")}
+
+
 def concat_batches(batches: list[RolloutBatch], pad_token_id: int) -> RolloutBatch:
     """Rows of several batches in one: prompts re-left-padded, responses re-right-padded to the widest.
 

@@ -732,19 +732,26 @@ def _check_vllm_server(cfg: VerlConfig) -> None:
         raise ValueError(f"vllm_server_timeout_s={cfg.vllm_server_timeout_s} must be > 0.")
 
 
+def fields_set_away(cfg, names) -> list[tuple[str, object, object]]:
+    """(name, value, default) of each field among `names` whose value is not its default."""
+    out = []
+    for f in dataclasses.fields(cfg):
+        if f.name in names:
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            if getattr(cfg, f.name) != default:
+                out.append((f.name, getattr(cfg, f.name), default))
+    return out
+
+
 def _check_fields_apply(cfg: VerlConfig) -> None:
     """Every field set away from its default takes effect in this setup, or the run stops here (FIELD_APPLIES
     says when each field does)."""
-    for f in dataclasses.fields(cfg):
-        applies = FIELD_APPLIES.get(f.name)
-        if applies is None or applies.holds(cfg):
-            continue
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        value = getattr(cfg, f.name)
-        if value != default:
-            raise ValueError(f"{f.name}={value!r} takes effect only when {applies.when}, which this config does not "
+    for name, value, default in fields_set_away(cfg, FIELD_APPLIES):
+        applies = FIELD_APPLIES[name]
+        if not applies.holds(cfg):
+            raise ValueError(f"{name}={value!r} takes effect only when {applies.when}, which this config does not "
                              f"set (rollout_engine={cfg.rollout_engine!r}, adv_estimator={cfg.adv_estimator!r}); "
-                             f"set that too, or leave {f.name} at its default ({default!r}).")
+                             f"set that too, or leave {name} at its default ({default!r}).")
 
 
 def _check_nonfinite(cfg: VerlConfig) -> None:

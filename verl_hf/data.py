@@ -115,10 +115,16 @@ def prepare_prompts(dataset, tokenizer, data_key_map: dict | None, max_prompt_le
     return dataset
 
 
+def prompt_options(multi_turn) -> dict:
+    """prepare_prompts' `tools` and `chat_only` for a run with `multi_turn` (an agent.MultiTurnRollout, or
+    None): its prompts must be chat and show its tools."""
+    return {} if multi_turn is None else {"tools": multi_turn.tools_schema, "chat_only": True}
+
+
 def prepare_datasets(train_dataset, eval_dataset, tokenizer, args, multi_turn=None):
-    """(train, eval) prepared with `prepare_prompts` (either may be None; eval may be a dict of named sets);
-    with `multi_turn` (an agent.MultiTurnRollout) the prompts must be chat and show its tools."""
-    extra = {} if multi_turn is None else {"tools": multi_turn.tools_schema, "chat_only": True}
+    """(train, eval) prepared with `prepare_prompts` (either may be None; eval may be a dict of named sets),
+    with the prompt options of `multi_turn` (prompt_options)."""
+    extra = prompt_options(multi_turn)
 
     def prepare(ds, split):
         return prepare_prompts(ds, tokenizer, args.data_key_map, args.max_prompt_length, split, **extra)

@@ -196,9 +196,7 @@ class RoundBuilder:
             greedy, _ = generate(self.actor, rows, self.multi_turn, **{
                 **sampling_kwargs(self.args, train=True), "num_return_sequences": 1, "do_sample": False,
                 "return_routes": False})
-            baseline = self.rewards.rewards(greedy)[0]
-            if greedy.turn_rewards is not None:  # the greedy conversation's per-turn rewards count as the samples' do
-                baseline = baseline + greedy.turn_rewards.sum(dim=1).to(baseline)
+            baseline = with_turn_rewards(self.rewards.rewards(greedy)[0], greedy)
         position = {g: k for k, g in enumerate(firsts.group_ids.tolist())}
         batch.reward_baselines = baseline[[position[g] for g in batch.group_ids.tolist()]]
         self.metrics.record({"reward/greedy_baseline": baseline.mean().item()})
@@ -301,15 +299,18 @@ def by_length(batch: RolloutBatch) -> RolloutBatch:
     return batch if bool((order == torch.arange(len(order))).all()) else batch.select(order.tolist())
 
 
+def with_turn_rewards(rewards: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
+    """(B,) each row's whole reward as the estimators see it: `rewards` plus, in multi-turn rows, the sum of
+    the environment's per-turn rewards."""
+    return rewards if batch.turn_rewards is None else rewards + batch.turn_rewards.sum(dim=1).to(rewards)
+
+
 def split_informative(batch: RolloutBatch, constraint, singleton_informs: bool = False):
     """(informative rows, flat rows) for dynamic sampling: a group whose scored rewards are all equal is flat;
     the constraint adds its own rule (with Safe-RLHF, a group whose costs differ informs). With
     `singleton_informs` (singleton_group_advantage="score", verl's rule) a group of one scored row informs: its
     advantage is its score (verl's DAPO filter keeps groups of one too)."""
-    # The episode's whole reward, per-turn rewards of multi-turn rows included, as the estimators see it.
-    rewards = batch.rewards
-    if batch.turn_rewards is not None:
-        rewards = rewards + batch.turn_rewards.sum(dim=1).to(rewards)
+    rewards = with_turn_rewards(batch.rewards, batch)
     flat = constraint.flat_groups(batch, group_all_equal(rewards, batch.group_ids, batch.valid))
     if singleton_informs:
         flat = flat & (group_stats(rewards, batch.group_ids, batch.valid).count != 1)

@@ -24,7 +24,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, speed_metrics
 from . import publish, saving
 from . import trainer_setup as setup
 from .checkpoint import RLCheckpoint
-from .data import RoundBatchSampler, RoundDataLoader, keep_rows, prepare_datasets, prepare_prompts
+from .data import RoundBatchSampler, RoundDataLoader, keep_rows, prepare_datasets, prepare_prompts, prompt_options
 from .distributed import is_zero3, zero_stage
 from .evaluation import evaluate_rewards
 from .nonfinite import NonFiniteGuard, check_finite_loss, check_finite_weights
@@ -278,9 +278,8 @@ class VerlTrainer(Trainer):
                 metrics.update(self.evaluate(part, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
         if "prompt_ids" not in dataset.column_names:
-            extra = {} if self.multi_turn is None else {"tools": self.multi_turn.tools_schema, "chat_only": True}
             dataset = prepare_prompts(dataset, self.processing_class, self.args.data_key_map,
-                                      self.args.max_prompt_length, metric_key_prefix, **extra)
+                                      self.args.max_prompt_length, metric_key_prefix, **prompt_options(self.multi_turn))
         started = time.time()
         self._sync_engine_weights()
         metrics = evaluate_rewards(self.actor, self.rewards, self.constraint, dataset, self.args, metric_key_prefix,

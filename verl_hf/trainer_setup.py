@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, TrainingArguments
 
 from .algorithms import advantage_spec
-from .config import VerlConfig
+from .config import VerlConfig, fields_set_away
 from .distributed import deepspeed_inference, is_zero3, zero_stage
 from .rewards import resolve_reward_funcs
 from .roles import Critic, ReferencePolicy, RewardModel
@@ -76,8 +76,7 @@ def make_multi_turn(args: VerlConfig, tools, environment, tokenizer):
     if specs and environment is not None:
         raise ValueError("give tools= (or the config's tools) or environment=, not both: an environment that uses "
                          "tools calls them itself.")
-    defaults = {f.name: f.default for f in fields(args)}
-    if environment is not None and any(getattr(args, n) != defaults[n] for n in ("max_tool_calls", "tool_timeout_s")):
+    if environment is not None and fields_set_away(args, ("max_tool_calls", "tool_timeout_s")):
         raise ValueError("max_tool_calls and tool_timeout_s take effect only with tools=; an environment= enforces "
                          "its own limits. Leave them at their defaults.")
     if args.routing_replay:
@@ -98,11 +97,10 @@ def make_multi_turn(args: VerlConfig, tools, environment, tokenizer):
 
 
 def _refuse_multi_turn_fields(args: VerlConfig) -> None:
-    for f in fields(args):
-        if f.name in MULTI_TURN_FIELDS and getattr(args, f.name) != f.default:
-            raise ValueError(f"{f.name}={getattr(args, f.name)!r} takes effect only in multi-turn rollouts: pass "
-                             f"tools=[...] or environment=... to VerlTrainer (or set tools in the config), or leave "
-                             f"{f.name} at its default ({f.default!r}).")
+    for name, value, default in fields_set_away(args, MULTI_TURN_FIELDS):
+        raise ValueError(f"{name}={value!r} takes effect only in multi-turn rollouts: pass tools=[...] or "
+                         f"environment=... to VerlTrainer (or set tools in the config), or leave {name} at its "
+                         f"default ({default!r}).")
 
 
 def make_safety(trainer, policy, args: VerlConfig):

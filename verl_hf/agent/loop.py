@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..batch import RolloutBatch
+from ..batch import RolloutBatch, row_columns
 from ..rewards.calling import run_coroutines
 from ..rollout.base import SamplingConfig, left_pad
 from .chat import ChatTemplateError, continuation_ids
@@ -193,8 +193,7 @@ def to_batch(conversations: list[Conversation], rows: list[dict], num_return_seq
         logprobs[row, :length] = torch.tensor(c.logprobs)
         for position, reward in c.rewards.items():
             turn_rewards[row, position] = reward
-    n, skip = num_return_sequences, ("prompt", "prompt_ids")
-    columns = {k: [row[k] for row in rows for _ in range(n)] for k in rows[0] if k not in skip}
+    n, columns = num_return_sequences, row_columns(rows, num_return_sequences)
     columns.update(messages=[c.messages for c in conversations], tool_statuses=[list(c.statuses) for c in conversations])
     return RolloutBatch(
         prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids, response_mask=from_model,

@@ -18,7 +18,7 @@ import contextlib
 
 import torch
 
-from ..batch import RolloutBatch
+from ..batch import RolloutBatch, row_columns
 from ..distributed import is_zero3
 from ..rollout import HFSharedEngine, RolloutEngine, SamplingConfig, eos_token_ids
 from ..routing import RoutingReplay
@@ -94,7 +94,6 @@ class Actor(TrainableRole):
         out = self.fresh_engine().generate(ids, params)
         n = num_return_sequences
         rows = rows or [{} for _ in ids]
-        skip = ("prompt", "prompt_ids")
         return RolloutBatch(
             prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, response_ids=out.response_ids,
             response_mask=out.response_mask, truncated=out.truncated, rollout_logprobs=out.logprobs,
@@ -102,7 +101,7 @@ class Actor(TrainableRole):
             group_ids=torch.arange(len(ids), device=out.response_ids.device).repeat_interleave(n),
             prompts=[row.get("prompt", self.tokenizer.decode(p)) for row, p in zip(rows, ids) for _ in range(n)],
             completions=self.tokenizer.batch_decode(out.response_ids, skip_special_tokens=True),
-            columns={k: [row[k] for row in rows for _ in range(n)] for k in rows[0] if k not in skip},
+            columns=row_columns(rows, n),
         )
 
     def sampling_config(self, max_new_tokens: int, num_return_sequences: int = 1, temperature: float | None = None,
