@@ -10,24 +10,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from agent_model import build_tool_model, prompts  # noqa: E402
+from agent_model import (assert_three_turns, build_tool_model, chat_rows, echo, echo_rollout,  # noqa: E402
+                         every_turn_calls_echo, prompts, three_turns)
 
 from verl_hf import Actor  # noqa: E402
-from verl_hf.agent import MultiTurnRollout, Step, ToolCall, ToolEnvironment, as_tools, continuation_ids  # noqa: E402
-
-
-def echo(text: str) -> str:
-    """Repeat the text.
-
-    Args:
-        text: What to repeat.
-    """
-    return text
-
-
-def every_turn_calls_echo(text: str) -> list[ToolCall]:
-    """A parser of our own (tool_call_parser accepts any callable): every non-empty turn is one echo call."""
-    return [ToolCall("echo", {"text": text.strip()[:6]})] if text.strip() else []
+from verl_hf.agent import MultiTurnRollout, Step, ToolEnvironment, as_tools  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -38,54 +25,13 @@ def tool_model(tmp_path_factory):
     return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path), path
 
 
-def _rows(tokenizer, num=4):
-    return [{"prompt": p, "prompt_ids": list(tokenizer.apply_chat_template(p, add_generation_prompt=True,
-                                                                            return_dict=False)), "answer": i}
-            for i, p in enumerate(prompts(num, seed=3))]
-
-
-def _echo_rollout(tokenizer, max_turns=3, max_tokens=160):
-    tools = as_tools([echo])
-    return MultiTurnRollout(lambda: ToolEnvironment(tools, every_turn_calls_echo, max_tool_calls=8), tokenizer,
-                            None, max_turns=max_turns, max_tokens=max_tokens, env_timeout_s=30)
-
-
-def _segments(ids, from_model):
-    """[(from_model, [ids])] runs of the response."""
-    runs = []
-    for token, model in zip(ids, from_model):
-        if runs and runs[-1][0] == model:
-            runs[-1][1].append(token)
-        else:
-            runs.append((model, [token]))
-    return runs
-
-
 def test_three_turns_are_sampled_ids_plus_tool_messages_and_logprobs_match(tool_model):
+    """Three turns of 8 echo conversations (tests/agent_model.py): model, tool, model, tool, model segments; each
+    turn's prompt is the training sequence so far and its samples are kept as sampled; each tool segment is the
+    template's continuation, token for token; tool tokens have rollout log-prob 0, and the model tokens'
+    sampling log-probs equal the trainer's forward within 1e-4 (fp32)."""
     model, tokenizer, _ = tool_model
-    actor = Actor(model, tokenizer)
-    rows = _rows(tokenizer)
-    batch, metrics = actor.generate_conversations(_echo_rollout(tokenizer), rows, max_new_tokens=16,
-                                                  num_return_sequences=2, seed=0)
-    # the last turn is answered too (its calls run, an environment may score it), with nothing appended after it
-    assert metrics["turns/mean"] == 3.0 and metrics["stop/max_turns"] == 1.0 and metrics["tool_calls/mean"] == 3.0
-    for row in range(len(batch)):
-        real = batch.response_attention_mask[row].bool()
-        ids, from_model = batch.response_ids[row][real].tolist(), batch.response_mask[row][real].tolist()
-        runs = _segments(ids, from_model)
-        assert [m for m, _ in runs] == [1, 0, 1, 0, 1]  # model, tool, model, tool, model
-        messages = batch.columns["messages"][row]
-        shown = list(rows[row // 2]["prompt"])
-        for turn in range(2):  # each tool segment is exactly the template's continuation of what was shown
-            sampled, env = runs[2 * turn][1], runs[2 * turn + 1][1]
-            assert sampled[-1] == tokenizer.eos_token_id
-            answer = messages[len(shown) + 1: len(shown) + 2]
-            assert env == continuation_ids(tokenizer, shown, sampled, answer)
-            shown = [*shown, messages[len(shown)], *answer]
-    assert (batch.rollout_logprobs[batch.env_mask.bool()] == 0).all()
-    rescored = actor.get_logprobs(batch)
-    model_tokens = batch.response_mask.bool()
-    assert (rescored - batch.rollout_logprobs)[model_tokens].abs().max() < 1e-4  # fp32, over three turns
+    assert_three_turns(three_turns(Actor(model, tokenizer), tokenizer))
 
 
 def test_environment_tokens_get_no_gradient(tool_model):
@@ -99,7 +45,7 @@ def test_environment_tokens_get_no_gradient(tool_model):
 
     model, tokenizer, _ = tool_model
     actor = Actor(model, tokenizer)
-    batch, _ = actor.generate_conversations(_echo_rollout(tokenizer, max_turns=2), _rows(tokenizer, 1),
+    batch, _ = actor.generate_conversations(echo_rollout(tokenizer, max_turns=2), chat_rows(tokenizer, 1),
                                             max_new_tokens=16, seed=1)
 
     def gradients(b):
@@ -123,12 +69,12 @@ def test_environment_tokens_get_no_gradient(tool_model):
 def test_max_turns_and_the_token_budget(tool_model):
     model, tokenizer, _ = tool_model
     actor = Actor(model, tokenizer)
-    batch, metrics = actor.generate_conversations(_echo_rollout(tokenizer, max_turns=2), _rows(tokenizer, 2),
+    batch, metrics = actor.generate_conversations(echo_rollout(tokenizer, max_turns=2), chat_rows(tokenizer, 2),
                                                   max_new_tokens=16, seed=2)
     assert metrics["turns/mean"] == 2.0 and metrics["stop/max_turns"] == 1.0
     budget = 24
-    batch, metrics = actor.generate_conversations(_echo_rollout(tokenizer, max_turns=8, max_tokens=budget),
-                                                  _rows(tokenizer, 4), max_new_tokens=16, seed=3)
+    batch, metrics = actor.generate_conversations(echo_rollout(tokenizer, max_turns=8, max_tokens=budget),
+                                                  chat_rows(tokenizer, 4), max_new_tokens=16, seed=3)
     assert metrics["stop/budget"] == 1.0 and batch.response_attention_mask.sum(dim=1).max() <= budget
     assert batch.truncated.all()
 
@@ -150,11 +96,11 @@ class CountingGame:
 def test_an_environment_of_our_own_places_each_turns_reward_on_its_last_token(tool_model):
     model, tokenizer, _ = tool_model
     rollout = MultiTurnRollout(CountingGame, tokenizer, None, max_turns=5, max_tokens=200, env_timeout_s=30)
-    batch, metrics = Actor(model, tokenizer).generate_conversations(rollout, _rows(tokenizer, 2), max_new_tokens=16,
+    batch, metrics = Actor(model, tokenizer).generate_conversations(rollout, chat_rows(tokenizer, 2), max_new_tokens=16,
                                                                     seed=4)
     assert metrics["stop/done"] == 1.0 and metrics["turns/mean"] == 3.0
     last_turn = MultiTurnRollout(CountingGame, tokenizer, None, max_turns=3, max_tokens=200, env_timeout_s=30)
-    cut, cut_metrics = Actor(model, tokenizer).generate_conversations(last_turn, _rows(tokenizer, 2),
+    cut, cut_metrics = Actor(model, tokenizer).generate_conversations(last_turn, chat_rows(tokenizer, 2),
                                                                       max_new_tokens=16, seed=4)
     assert cut_metrics["stop/done"] == 1.0 and cut.turn_rewards.sum(dim=1).tolist() == [6.0, 6.0]  # turn 3 scored
     for row in range(len(batch)):
@@ -249,8 +195,8 @@ def test_multi_turn_batches_join_and_dynamic_sampling_reads_turn_rewards(tool_mo
     actor = Actor(model, tokenizer)
     scored, _ = actor.generate_conversations(
         MultiTurnRollout(CountingGame, tokenizer, None, max_turns=2, max_tokens=200, env_timeout_s=30),
-        _rows(tokenizer, 1), max_new_tokens=16, num_return_sequences=2, seed=5)
-    plain, _ = actor.generate_conversations(_echo_rollout(tokenizer, max_turns=2), _rows(tokenizer, 1),
+        chat_rows(tokenizer, 1), max_new_tokens=16, num_return_sequences=2, seed=5)
+    plain, _ = actor.generate_conversations(echo_rollout(tokenizer, max_turns=2), chat_rows(tokenizer, 1),
                                             max_new_tokens=16, num_return_sequences=2, seed=6)
     joined = concat_batches([scored, plain], tokenizer.pad_token_id)
     assert joined.turn_rewards.shape == joined.response_ids.shape and joined.turn_rewards[2:].sum() == 0
@@ -261,3 +207,26 @@ def test_multi_turn_batches_join_and_dynamic_sampling_reads_turn_rewards(tool_mo
     no_constraint = SimpleNamespace(flat_groups=lambda batch, flat: flat)
     informative, flat = split_informative(scored, no_constraint)
     assert len(informative) == 2 and len(flat) == 0
+
+
+def test_evaluation_counts_the_environments_turn_rewards_and_reports_the_rollout(tool_model, tmp_path):
+    """trainer.evaluate() with environment=: each conversation's turn rewards (1 + 2 + 3 from CountingGame) join
+    the reward functions' total in eval_reward, and the multi-turn metrics are reported with the eval prefix."""
+    from datasets import Dataset
+
+    from conftest import small_config
+    from verl_hf import VerlTrainer
+
+    _, tokenizer, path = tool_model  # the saved weights: the GRPO test trains the fixture's model in place
+    data = Dataset.from_list([{"prompt": p, "answer": "1"} for p in prompts(8, seed=11)])
+
+    def half(completions, **columns):
+        return [0.5] * len(completions)
+
+    args = small_config(tmp_path, reward_funcs=None, reward_weights=None, max_steps=1, max_turns=5,
+                        max_response_length=200, max_turn_length=16, per_device_eval_batch_size=8)
+    trainer = VerlTrainer(model=path, args=args, train_dataset=data, eval_dataset=data, reward_funcs=[half],
+                          environment=CountingGame)
+    metrics = trainer.evaluate()
+    assert metrics["eval_turns/mean"] == 3.0 and metrics["eval_stop/done"] == 1.0
+    assert metrics["eval_turn_reward"] == 6.0 and metrics["eval_reward"] == 6.5 and metrics["eval_reward/half"] == 0.5

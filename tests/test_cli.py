@@ -19,8 +19,11 @@ def test_yaml_then_overrides():
     assert config.num_generations == 4 and config.reward_funcs == ["gsm8k", "gsm8k_format"]
 
 
-def test_examples_config_is_the_packaged_demo_config():
+def test_examples_configs_are_the_packaged_demo_configs():
+    from verl_hf.cli import DEMO_TASKS
+
     assert (REPO / "examples" / "configs" / "demo.yaml").read_text() == DEMO_CONFIG.read_text()
+    assert (REPO / "examples" / "configs" / "tools.yaml").read_text() == DEMO_TASKS["tools"].read_text()
 
 
 def test_unknown_yaml_field(tmp_path):

@@ -1,7 +1,8 @@
-"""`verl-hf`: `train CONFIG.yaml [--field value ...]`, `demo [--field value ...]`, `env`, `vllm-serve MODEL`.
+"""`verl-hf`: `train CONFIG.yaml [--field value ...]`, `demo [--task tools] [--field value ...]`, `env`, `vllm-serve MODEL`.
 
 A YAML file sets any `VerlConfig` / `ScriptArguments` field; flags after it override single fields.
-`verl-hf demo` is `verl-hf train` on the packaged demo config (examples/configs/demo.yaml).
+`verl-hf demo` is `verl-hf train` on the packaged demo config (verl_hf/demo/demo.yaml); `--task tools` on
+the tool demo's (verl_hf/demo/tools.yaml: multi-turn GRPO with a `multiply` tool).
 
 See it work: tests/test_cli.py.
 """
@@ -15,6 +16,7 @@ from dataclasses import fields
 from pathlib import Path
 
 DEMO_CONFIG = Path(__file__).parent / "demo" / "demo.yaml"
+DEMO_TASKS = {"addition": DEMO_CONFIG, "tools": DEMO_CONFIG.parent / "tools.yaml"}
 # What a person can fix from the message alone: the CLI prints it and exits 2, with the traceback in a file
 # (`--traceback` raises it instead; not `--debug`, which is a TrainingArguments field).
 USER_ERRORS = (ValueError, TypeError, FileNotFoundError, FloatingPointError)
@@ -164,7 +166,7 @@ def _traceback_file(error: BaseException) -> str:
 
 
 def _run_command(argv: list[str]) -> int:
-    usage = "usage: verl-hf {train CONFIG.yaml | demo | env | vllm-serve MODEL} [--field value ...]"
+    usage = "usage: verl-hf {train CONFIG.yaml | demo [--task tools] | env | vllm-serve MODEL} [--field value ...]"
     if not argv or argv[0] in ("-h", "--help"):
         print(usage + "\n\n" + __doc__.split("\n\n")[1])
         return 0
@@ -183,7 +185,7 @@ def _run_command(argv: list[str]) -> int:
             raise UsageError("verl-hf train needs a config file: verl-hf train examples/configs/demo.yaml")
         config_path, rest = rest[0], rest[1:]
     elif command == "demo":
-        config_path = str(DEMO_CONFIG)
+        config_path, rest = _demo_config(rest)
     else:
         raise UsageError(f"unknown command {command!r}. {usage}")
     from .runner import run_training
@@ -191,6 +193,19 @@ def _run_command(argv: list[str]) -> int:
     summary = run_training(*parse_config(config_path, rest))
     print("summary:", summary)
     return 0
+
+
+def _demo_config(rest: list[str]) -> tuple[str, list[str]]:
+    """The config of the demo `--task` names (default: addition) and the other flags."""
+    task, others = "addition", list(rest)
+    for i, arg in enumerate(rest):
+        if arg == "--task" or arg.startswith("--task="):
+            task = arg.split("=", 1)[1] if "=" in arg else (rest[i + 1] if i + 1 < len(rest) else "")
+            others = rest[:i] + rest[i + (1 if "=" in arg else 2):]
+            break
+    if task not in DEMO_TASKS:
+        raise UsageError(f"verl-hf demo --task {task!r}: the demos are {sorted(DEMO_TASKS)}.")
+    return str(DEMO_TASKS[task]), others
 
 
 if __name__ == "__main__":

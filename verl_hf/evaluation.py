@@ -12,41 +12,60 @@ from __future__ import annotations
 import torch
 
 from .metrics import accuracy_metric
-from .round import RewardStage, generate, sampling_kwargs
+from .round import RewardStage, generate, sampling_kwargs, with_turn_rewards
 
 
 def evaluate_rewards(actor, rewards: RewardStage, constraint, dataset, args, prefix: str,
                      multi_turn=None) -> dict[str, float]:
     """Each process scores every world_size-th prompt; shards are padded to the same number of generate
     calls (ZeRO-3 and NCCL collectives need every rank in step) and the padding is dropped again. With
-    `multi_turn` each prompt is a whole conversation, as in training."""
+    `multi_turn` each prompt is a whole conversation, as in training: `<prefix>_reward` then counts the
+    environment's per-turn rewards too (`<prefix>_turn_reward`), and the rollout's metrics are reported
+    (`<prefix>_turns/mean`, `<prefix>_tool_calls/mean`, ...; the padding rows of uneven shards included)."""
     indices = list(range(args.process_index, len(dataset), args.world_size))
     per_rank, real = -(-len(dataset) // args.world_size), len(indices)
     indices += [indices[-1] if indices else 0] * (per_rank - real)
-    scores, lengths, costs = [], [], []
+    scores, lengths, costs, turn_rewards, rollout = [], [], [], [], []
     for start in range(0, len(indices), args.per_device_eval_batch_size):
         rows = [dataset[i] for i in indices[start : start + args.per_device_eval_batch_size]]
-        batch, _ = generate(actor, rows, multi_turn, **sampling_kwargs(args, train=False))
+        batch, rollout_metrics = generate(actor, rows, multi_turn, **sampling_kwargs(args, train=False))
         scores += rewards.run(batch).per_function.tolist()
         lengths += batch.response_mask.sum(dim=1).float().tolist()
         costs += constraint.eval_costs(batch)
+        turn_rewards += with_turn_rewards(torch.zeros(len(batch)), batch).tolist()
+        rollout.append((len(batch), rollout_metrics))
     keep = real * args.eval_num_generations
-    scores, lengths, costs = scores[:keep], lengths[:keep], costs[:keep]
+    scores, lengths, costs, turn_rewards = scores[:keep], lengths[:keep], costs[:keep], turn_rewards[:keep]
     if args.world_size > 1:
         from accelerate.utils import gather_object
 
         scores, lengths, costs = gather_object(scores), gather_object(lengths), gather_object(costs)
+        turn_rewards, rollout = gather_object(turn_rewards), gather_object(rollout)
     per_function = torch.tensor(scores, dtype=torch.float32).view(-1, len(rewards.funcs))
-    metrics = reward_metrics(per_function, rewards, args.eval_correct_threshold, prefix)
+    metrics = reward_metrics(per_function, rewards, args.eval_correct_threshold, prefix, torch.tensor(turn_rewards))
     metrics[f"{prefix}_response_length"] = sum(lengths) / max(len(lengths), 1)
+    if multi_turn is not None:
+        metrics.update(rollout_means(rollout, prefix))
     return {**metrics, **per_function_metrics(per_function, rewards, prefix), **cost_metrics(costs, prefix)}
 
 
-def reward_metrics(per_function: torch.Tensor, rewards: RewardStage, threshold: float, prefix: str) -> dict:
-    """Weighted reward and accuracy (the share whose first function scores at least `threshold`)."""
+def rollout_means(rollout: list[tuple[int, dict]], prefix: str) -> dict[str, float]:
+    """The multi-turn rollout's metrics over the whole evaluation: each batch's, weighted by its rows."""
+    total = sum(count for count, _ in rollout)
+    names = rollout[0][1] if rollout else {}
+    return {f"{prefix}_{name}": sum(count * m[name] for count, m in rollout) / total for name in names}
+
+
+def reward_metrics(per_function: torch.Tensor, rewards: RewardStage, threshold: float, prefix: str,
+                   turn_rewards: torch.Tensor | None = None) -> dict:
+    """Weighted reward (plus each row's sum of per-turn `turn_rewards`, when any is non-zero) and accuracy
+    (the share whose first function scores at least `threshold`)."""
     correct = (per_function[:, 0] >= threshold).long()
     total = torch.nansum(per_function * torch.tensor(rewards.weights), dim=1)
-    return {f"{prefix}_reward": total.mean().item(),
+    turns = {}
+    if turn_rewards is not None and turn_rewards.numel() and bool(turn_rewards.ne(0).any()):
+        total, turns = total + turn_rewards, {f"{prefix}_turn_reward": turn_rewards.mean().item()}
+    return {f"{prefix}_reward": total.mean().item(), **turns,
             f"{prefix}_accuracy": accuracy_metric().compute(predictions=correct.tolist(),
                                                              references=[1] * len(correct))["accuracy"]}
 

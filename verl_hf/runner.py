@@ -18,11 +18,13 @@ from pathlib import Path
 @dataclass
 class ScriptArguments:
     model_name_or_path: str = field(
-        default="demo", metadata={"help": "Policy id or path; 'demo' = the shipped tiny warm-start model."}
+        default="demo", metadata={"help": "Policy id or path; 'demo' / 'demo-tools' = the shipped tiny warm starts "
+                                          "of the addition and the tool demo."}
     )
     dataset_name: str = field(
         default="verl_hf:addition",
-        metadata={"help": "'verl_hf:addition' (the synthetic task), or a `datasets.load_dataset` name or local path."},
+        metadata={"help": "'verl_hf:addition' or 'verl_hf:multiplication' (the demos' synthetic tasks), or a "
+                          "`datasets.load_dataset` name or local path."},
     )
     dataset_config: str | None = field(default=None, metadata={"help": "The dataset's config name."})
     dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
@@ -48,11 +50,9 @@ def peft_config_of(script: ScriptArguments):
 
 
 def load_policy_path(name: str) -> str:
-    if name == "demo":
-        from .demo import WARM_START_DIR
+    from .demo import TOOLS_WARM_START_DIR, WARM_START_DIR
 
-        return str(WARM_START_DIR)
-    return name
+    return str({"demo": WARM_START_DIR, "demo-tools": TOOLS_WARM_START_DIR}.get(name, name))
 
 
 def load_splits(script: ScriptArguments):
@@ -62,8 +62,14 @@ def load_splits(script: ScriptArguments):
 
         train, _, test = demo_splits(seed=0)
         return train.remove_columns("completion"), test.remove_columns("completion")
+    if script.dataset_name == "verl_hf:multiplication":
+        from .demo.tools_task import tools_splits
+
+        train, _, test = tools_splits(seed=0)
+        return train, test
     if not script.dataset_name or ":" in script.dataset_name.split("/")[0] and not os.path.exists(script.dataset_name):
-        raise ValueError(f"dataset_name={script.dataset_name!r}: use 'verl_hf:addition' or a datasets name/path.")
+        raise ValueError(f"dataset_name={script.dataset_name!r}: use 'verl_hf:addition', 'verl_hf:multiplication' "
+                         f"or a datasets name/path.")
     from datasets import load_dataset, load_from_disk
 
     if os.path.isdir(script.dataset_name) and os.path.exists(os.path.join(script.dataset_name, "dataset_dict.json")):
@@ -100,6 +106,7 @@ def run_training(script: ScriptArguments, config) -> dict:
                **_training_figures(trainer.state.log_history)}
     if test is not None:
         summary["gain_points"] = round(100 * (summary["accuracy_after"] - summary["accuracy_before"]), 1)
+        summary.update(_before_and_after(before, after))
     if trainer.safety is not None:
         summary["lagrange_lambda"] = trainer.safety.lagrange_lambda
     if trainer.is_world_process_zero():
@@ -123,6 +130,14 @@ def _training_figures(log_history: list[dict]) -> dict:
     return {"reward_first": sum(rewards[:fifth]) / fifth if rewards else None,
             "reward_last": sum(rewards[-fifth:]) / fifth if rewards else None,
             "seconds_per_step": round(runtime.get("train_runtime", 0.0) / steps, 3)}
+
+
+def _before_and_after(before: dict, after: dict) -> dict:
+    """Each reward function's held-out mean and, in multi-turn runs, the tool calls per sample, before and
+    after training: {"reward/<name>_before": ..., "reward/<name>_after": ..., "tool_calls/mean_before": ...}."""
+    keys = [k for k in before if k.startswith("eval_reward/") or k == "eval_tool_calls/mean"]
+    return {f"{key[len('eval_'):]}_{when}": figures.get(key)
+            for key in keys for when, figures in (("before", before), ("after", after))}
 
 
 def _final_eval(trainer) -> dict:

@@ -1,7 +1,8 @@
-"""The embedded default: a tiny Llama, a character tokenizer built locally, and a synthetic arithmetic task.
+"""The embedded demos: tiny Llamas, tokenizers built locally, and synthetic arithmetic tasks.
 
-Nothing here touches the network. `verl-hf demo` (see `run.py`) loads the shipped warm-start checkpoint
-(`warm_start/`, built by `sft.py`) and trains it with GRPO.
+Nothing here touches the network. `verl-hf demo` (verl_hf/runner.py) loads the shipped warm-start checkpoint
+(`warm_start/`, built by `sft.py`) and trains it with GRPO on addition; `verl-hf demo --task tools` loads
+`warm_start_tools/` (built by `sft.py --task tools`) and trains it to multiply with a tool (tools_task.py).
 
 See it work: `make demo`, or tests/test_demo_task.py.
 """
@@ -10,5 +11,6 @@ from .task import make_addition_dataset
 from .tiny import build_char_tokenizer, build_tiny_llama
 
 WARM_START_DIR = __import__("pathlib").Path(__file__).parent / "warm_start"
+TOOLS_WARM_START_DIR = WARM_START_DIR.parent / "warm_start_tools"  # the tool demo's (tools_task.py, sft_tools.py)
 
-__all__ = ["WARM_START_DIR", "build_char_tokenizer", "build_tiny_llama", "make_addition_dataset"]
+__all__ = ["TOOLS_WARM_START_DIR", "WARM_START_DIR", "build_char_tokenizer", "build_tiny_llama", "make_addition_dataset"]

@@ -1,11 +1,17 @@
-"""Build the demo's warm-start policy: supervised fine-tuning with a plain `transformers.Trainer`.
+"""Build the demos' warm-start policies: supervised fine-tuning with a plain `transformers.Trainer`.
 
-RL needs a policy that sometimes answers correctly. We train the tiny model on `prompt -> #### <sum></s>`
-and stop as soon as greedy accuracy on a dev split reaches `--target_accuracy` (default 0.30). Stopping on
-accuracy, not on a step count, matters: the jump in accuracy comes at a seed-dependent step.
+RL needs a policy that sometimes answers correctly. For the addition demo we train the tiny model on
+`prompt -> #### <sum></s>` and stop as soon as greedy accuracy on a dev split reaches `--target_accuracy`
+(default 0.30). Stopping on accuracy, not on a step count, matters: the jump in accuracy comes at a
+seed-dependent step. For the tool demo (`--task tools`, tools_task.py) we train on whole conversations, the
+loss on the assistant's turns only, that call the `multiply` tool in a `--tool_share` of them, and stop once
+sampled dev accuracy (through the tool, with verl_hf's own multi-turn rollout) reaches the target: greedy
+decoding still answers directly then, so the RL run starts from a policy that uses the tool sometimes.
 
-The result (about 2 MB in fp32) ships as `verl_hf/demo/warm_start/`, so the demo spends its time on RL.
-Rebuild it with `python -m verl_hf.demo.sft --output_dir verl_hf/demo/warm_start`.
+The results (about 2 MB each in fp32) ship as `verl_hf/demo/warm_start/` and `warm_start_tools/`, so the
+demos spend their time on RL. Rebuild them with
+`python -m verl_hf.demo.sft --output_dir verl_hf/demo/warm_start` and
+`python -m verl_hf.demo.sft --task tools --output_dir verl_hf/demo/warm_start_tools`.
 
 See it work: tests/test_demo_task.py.
 """
@@ -52,27 +58,34 @@ def tokenize_for_sft(tokenizer, dataset):
     return dataset.map(encode, remove_columns=dataset.column_names)
 
 
-def pad_collate(tokenizer):
+def pad_collate(tokenizer, left: bool = True):
+    """Pads rows of input_ids/labels to one width: on the left (the addition warm start was built so), or on
+    the right (whole conversations: every token keeps the position it has when the rollout samples it)."""
+
+    def pad(row: list[int], value: int, width: int) -> list[int]:
+        return [value] * (width - len(row)) + row if left else row + [value] * (width - len(row))
+
     def collate(rows):
         width = max(len(r["input_ids"]) for r in rows)
-        ids = [[tokenizer.pad_token_id] * (width - len(r["input_ids"])) + r["input_ids"] for r in rows]
-        labels = [[-100] * (width - len(r["labels"])) + r["labels"] for r in rows]
-        mask = [[0] * (width - len(r["input_ids"])) + [1] * len(r["input_ids"]) for r in rows]
+        ids = [pad(r["input_ids"], tokenizer.pad_token_id, width) for r in rows]
+        labels = [pad(r["labels"], -100, width) for r in rows]
+        mask = [pad([1] * len(r["input_ids"]), 0, width) for r in rows]
         return {"input_ids": torch.tensor(ids), "labels": torch.tensor(labels), "attention_mask": torch.tensor(mask)}
 
     return collate
 
 
 class StopAtAccuracy(TrainerCallback):
-    """Measures dev accuracy every `every` steps and stops training once it reaches `target`."""
+    """Measures dev accuracy (`measure(model) -> float`) every `every` steps and stops training once it
+    reaches `target`."""
 
-    def __init__(self, tokenizer, dev, target: float, every: int):
-        self.tokenizer, self.dev, self.target, self.every = tokenizer, dev, target, every
+    def __init__(self, measure, target: float, every: int):
+        self.measure, self.target, self.every = measure, target, every
         self.history: list[tuple[int, float]] = []
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if state.global_step % self.every == 0:
-            acc = greedy_accuracy(model, self.tokenizer, self.dev)
+            acc = self.measure(model)
             self.history.append((state.global_step, acc))
             print(f"step {state.global_step}: dev accuracy {acc:.3f}", flush=True)
             control.should_training_stop = acc >= self.target
@@ -80,35 +93,52 @@ class StopAtAccuracy(TrainerCallback):
 
 
 def build_warm_start(output_dir: str, seed: int = 0, target_accuracy: float = 0.30, max_steps: int = 3000) -> dict:
+    """The addition demo's warm start, saved under `output_dir`; returns the figures of its training."""
     tokenizer = build_char_tokenizer()
     model = build_tiny_llama(tokenizer, seed=seed)
     train, dev, test = demo_splits(seed=0)
-    stopper = StopAtAccuracy(tokenizer, dev, target_accuracy, every=25)
+    stopper = StopAtAccuracy(lambda m: greedy_accuracy(m, tokenizer, dev), target_accuracy, every=25)
+    figures = train_until(model, tokenizer, tokenize_for_sft(tokenizer, train), pad_collate(tokenizer), stopper,
+                          output_dir, seed, max_steps)
+    return {**figures, "test_accuracy": greedy_accuracy(model, tokenizer, test)}
+
+
+def train_until(model, tokenizer, dataset, collate, stopper: StopAtAccuracy, output_dir: str, seed: int,
+                max_steps: int, learning_rate: float = 1e-3) -> dict:
+    """Supervised training with a plain transformers.Trainer until `stopper` says so (or `max_steps`); the model
+    and tokenizer are saved under `output_dir`. Returns seconds, steps and the last dev accuracy."""
     args = TrainingArguments(
-        output_dir=output_dir, per_device_train_batch_size=64, learning_rate=1e-3, max_steps=max_steps,
+        output_dir=output_dir, per_device_train_batch_size=64, learning_rate=learning_rate, max_steps=max_steps,
         warmup_steps=50, weight_decay=0.0, logging_steps=50, save_strategy="no", report_to="none",
         seed=seed, use_cpu=True, remove_unused_columns=False, disable_tqdm=True,
     )
     started = time.time()
-    trainer = Trainer(
-        model=model, args=args, train_dataset=tokenize_for_sft(tokenizer, train),
-        data_collator=pad_collate(tokenizer), callbacks=[stopper],
-    )
+    trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=collate, callbacks=[stopper])
     trainer.train()
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
     return {"seconds": time.time() - started, "steps": trainer.state.global_step,
-            "dev_accuracy": stopper.history[-1][1] if stopper.history else None,
-            "test_accuracy": greedy_accuracy(model, tokenizer, test)}
+            "dev_accuracy": stopper.history[-1][1] if stopper.history else None}
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--task", choices=("addition", "tools"), default="addition")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--target_accuracy", type=float, default=0.30)
+    parser.add_argument("--target_accuracy", type=float, default=None,
+                        help="dev accuracy to stop at (default: 0.30 for addition, 0.15 sampled for tools)")
+    parser.add_argument("--tool_share", type=float, default=0.3, help="tools: the share of conversations that "
+                        "call the tool")
     args = parser.parse_args(argv)
-    print(build_warm_start(args.output_dir, seed=args.seed, target_accuracy=args.target_accuracy))
+    if args.task == "tools":
+        from .sft_tools import build_tools_warm_start
+
+        print(build_tools_warm_start(args.output_dir, seed=args.seed, tool_share=args.tool_share,
+                                     target_accuracy=0.15 if args.target_accuracy is None else args.target_accuracy))
+    else:
+        print(build_warm_start(args.output_dir, seed=args.seed,
+                               target_accuracy=0.30 if args.target_accuracy is None else args.target_accuracy))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=backend, padding_side="left", **SPECIAL_TOKENS)
 
 
-def build_tiny_llama(tokenizer, hidden_size: int = 128, num_layers: int = 2, seed: int = 0) -> LlamaForCausalLM:
+def build_tiny_llama(tokenizer, hidden_size: int = 128, num_layers: int = 2, seed: int = 0,
+                     max_positions: int = 128) -> LlamaForCausalLM:
     """Llama with 2 heads of 64, FFN 4x, tied embeddings: about 0.53M parameters for the char vocab."""
     import torch
 
@@ -42,10 +43,41 @@ def build_tiny_llama(tokenizer, hidden_size: int = 128, num_layers: int = 2, see
         num_attention_heads=hidden_size // 64,
         num_key_value_heads=hidden_size // 64,
         head_dim=64,
-        max_position_embeddings=128,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.bos_token_id,
     )
     return LlamaForCausalLM(config)
+
+
+# ChatML, with the tools listed by signature (a tiny model has no room for JSON schemas) and tool results in
+# turns of their own. Every turn ends with <|im_end|>, the eos_token: multi-turn rollouts continue it by suffix.
+CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nTools: {% for t in tools %}{{ t['function']['name'] }}("
+    "{{ t['function']['parameters']['properties'] | list | join(', ') }}){% if not loop.last %} {% endif %}"
+    "{% endfor %}<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CHAT_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TOOL_CALL_TOKENS = ["<tool_call>", "</tool_call>"]  # single tokens, as in Qwen2.5's vocabulary
+
+
+def build_chat_tokenizer(corpus: list[str], vocab_size: int = 400) -> PreTrainedTokenizerFast:
+    """Byte-level BPE trained on `corpus`, digits always one token each (so numbers are copied digit by digit,
+    as Llama 3's and Qwen's tokenizers split them), ChatML specials, eos <|im_end|>, the CHAT_TEMPLATE."""
+    from tokenizers import AddedToken, pre_tokenizers, trainers
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                     pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    backend.decoder = decoders.ByteLevel()
+    backend.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=CHAT_SPECIAL_TOKENS,
+                                                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_CALL_TOKENS])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<|endoftext|>", eos_token="<|im_end|>",
+                                        bos_token=None, padding_side="left")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
