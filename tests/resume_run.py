@@ -14,8 +14,9 @@ from conftest import small_config  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 from verl_hf import VerlTrainer  # noqa: E402
-from verl_hf.demo import WARM_START_DIR  # noqa: E402
+from verl_hf.demo import TOOLS_WARM_START_DIR, WARM_START_DIR  # noqa: E402
 from verl_hf.demo.task import demo_splits  # noqa: E402
+from verl_hf.demo.tools_task import tools_splits  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 KINDS = {
@@ -26,6 +27,9 @@ KINDS = {
                            cost_funcs=[f"{REPO}/examples/safe_rlhf/task.py:forbidden_digit"], cost_limit=0.05),
     # GRPO with DAPO's dynamic sampling: rounds of 2 steps and a refill stream of prompts.
     "grpo_dynamic": dict(generation_batch_size=64, dynamic_sampling=True),
+    # Multi-turn GRPO with the tool demo's model, task and tool: rounds of 4 steps of whole conversations.
+    "multi_turn": dict(per_device_train_batch_size=16, generation_batch_size=64, tools=["verl_hf.demo.tools_task:multiply"], max_turns=3,
+                       max_turn_length=40, max_prompt_length=48, max_response_length=96),
 }
 
 
@@ -39,10 +43,13 @@ class KillAt(TrainerCallback):
 
 
 def main(out: str, kind: str, kill_at: int, checkpoint: str | None) -> None:
-    train, _, _ = demo_splits(seed=0, num_train=2000, num_test=10, num_dev=10)
+    if kind == "multi_turn":
+        model, (train, _, _) = TOOLS_WARM_START_DIR, tools_splits(seed=0, num_train=1000, num_test=10, num_dev=10)
+    else:
+        model, (train, _, _) = WARM_START_DIR, demo_splits(seed=0, num_train=2000, num_test=10, num_dev=10)
+        train = train.remove_columns("completion")
     args = small_config(Path(out), max_steps=8, save_strategy="steps", save_steps=3, **KINDS[kind])
-    trainer = VerlTrainer(model=str(WARM_START_DIR), args=args, train_dataset=train.remove_columns("completion"),
-                          callbacks=[KillAt(kill_at)])
+    trainer = VerlTrainer(model=str(model), args=args, train_dataset=train, callbacks=[KillAt(kill_at)])
     trainer.train(resume_from_checkpoint=checkpoint)
     logs = [h for h in trainer.state.log_history if "loss" in h]
     Path(out, "logs.json").write_text(json.dumps(logs))

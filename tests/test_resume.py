@@ -1,5 +1,6 @@
 """Exact resume after kill -9: a run killed in the middle of a multi-step rollout round and resumed from its
-last checkpoint logs exactly the metrics of an uninterrupted run (CPU, fixed seed)."""
+last checkpoint logs exactly the metrics of an uninterrupted run (CPU, fixed seed); multi-turn rounds of
+whole conversations with a tool included."""
 
 import json
 import os
@@ -20,7 +21,7 @@ def _run(out: Path, kind: str, kill_at: int = 0, checkpoint: Path | None = None)
     return result.returncode
 
 
-@pytest.mark.parametrize("kind", ["ppo_lagrangian", "grpo_dynamic"])
+@pytest.mark.parametrize("kind", ["ppo_lagrangian", "grpo_dynamic", "multi_turn"])
 def test_killed_run_resumes_with_identical_metrics(tmp_path, kind):
     _run(tmp_path / "full", kind)
     assert _run(tmp_path / "killed", kind, kill_at=5) == -signal.SIGKILL
@@ -36,3 +37,5 @@ def test_killed_run_resumes_with_identical_metrics(tmp_path, kind):
         assert {k: resumed[step].get(k) for k in compared} == compared, step
     if kind == "ppo_lagrangian":
         assert {"safety/lambda", "kl/coef", "cost_critic/value_loss"} <= set(full[5])
+    if kind == "multi_turn":  # conversations that called the tool (logged at each round's first step)
+        assert all(full[step]["tool_calls/mean"] > 0 and full[step]["turns/mean"] > 1 for step in (1, 5))
