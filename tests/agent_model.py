@@ -1,11 +1,13 @@
 """A tiny Llama that ends its turns: a few seconds of supervised training on short chats (a question, a
 number, a follow-up, a number), so that multi-turn tests run real conversations with a real model (random
-weights ramble until the token limit and every sample ends after one turn). Used by tests/test_agent_loop.py.
+weights ramble until the token limit and every sample ends after one turn); and the three-turn echo rollout
+that every engine must play token for token (`three_turns`, `assert_three_turns`). Used by
+tests/test_agent_loop.py (HF engine) and tests/test_agent_vllm.py (colocated vLLM, vLLM server).
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import random
 from pathlib import Path
 
@@ -80,3 +82,119 @@ def build_tool_model(directory: Path, steps: int = 60) -> str:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+def echo(text: str) -> str:
+    """Repeat the text.
+
+    Args:
+        text: What to repeat.
+    """
+    return text
+
+
+def every_turn_calls_echo(text: str):
+    """A parser of our own (tool_call_parser accepts any callable): every non-empty turn is one echo call."""
+    from verl_hf.agent import ToolCall
+
+    return [ToolCall("echo", {"text": text.strip()[:6]})] if text.strip() else []
+
+
+def chat_rows(tokenizer, num: int = 4) -> list[dict]:
+    """Dataset rows as the trainer hands them to the loop: chat `prompt`, its `prompt_ids`, an `answer`."""
+    return [{"prompt": p, "prompt_ids": list(tokenizer.apply_chat_template(p, add_generation_prompt=True,
+                                                                            return_dict=False)), "answer": i}
+            for i, p in enumerate(prompts(num, seed=3))]
+
+
+def echo_rollout(tokenizer, max_turns: int = 3, max_tokens: int = 160):
+    from verl_hf.agent import MultiTurnRollout, ToolEnvironment, as_tools
+
+    tools = as_tools([echo])
+    return MultiTurnRollout(lambda: ToolEnvironment(tools, every_turn_calls_echo, max_tool_calls=8), tokenizer,
+                            None, max_turns=max_turns, max_tokens=max_tokens, env_timeout_s=30)
+
+
+def segments(ids: list[int], from_model: list[int]) -> list[tuple[int, list[int]]]:
+    """[(from_model, [ids])] runs of the response."""
+    runs = []
+    for token, model in zip(ids, from_model):
+        if runs and runs[-1][0] == model:
+            runs[-1][1].append(token)
+        else:
+            runs.append((model, [token]))
+    return runs
+
+
+@contextlib.contextmanager
+def recorded(engine):
+    """The real engine, each of its generate calls' (prompt ids, Rollout) recorded while inside: what the loop
+    sent and what the engine sampled, to compare with the training sequence."""
+    calls, generate = [], engine.generate
+
+    def recording(prompt_ids, params):
+        out = generate(prompt_ids, params)
+        calls.append((prompt_ids, out))
+        return out
+
+    engine.generate = recording
+    try:
+        yield calls
+    finally:
+        del engine.generate  # the class's method again
+
+
+def three_turns(actor, tokenizer) -> dict:
+    """8 echo conversations (4 prompts x 2) of three turns through `actor.generate_conversations` on the
+    actor's engine, and what `assert_three_turns` checks, as plain values (a colocated vLLM engine runs in a
+    process of its own and sends them back as JSON)."""
+    rows = chat_rows(tokenizer)
+    with recorded(actor.engine) as calls:
+        batch, metrics = actor.generate_conversations(echo_rollout(tokenizer), rows, max_new_tokens=16,
+                                                      num_return_sequences=2, seed=0)
+    model_tokens, env = batch.response_mask.bool(), batch.env_mask.bool()
+    gap = (actor.get_logprobs(batch) - batch.rollout_logprobs)[model_tokens].abs().max().item()
+    conversations = [_conversation(batch, row, rows[row // 2], calls, tokenizer) for row in range(len(batch))]
+    return dict(metrics=metrics, logprob_gap=gap, model_tokens=int(model_tokens.sum()),
+                env_logprob_max=batch.rollout_logprobs[env].abs().max().item(), conversations=conversations)
+
+
+def _conversation(batch, row: int, data_row: dict, calls: list, tokenizer) -> dict:
+    """One conversation's checks, per turn: the engine was sent the training sequence so far (token in), its
+    sampled ids are the model segment (token out), and each tool segment is exactly the template's
+    continuation of what was shown."""
+    from verl_hf.agent import continuation_ids
+
+    real = batch.response_attention_mask[row].bool()
+    ids, from_model = batch.response_ids[row][real].tolist(), batch.response_mask[row][real].tolist()
+    runs = segments(ids, from_model)
+    messages, shown = batch.columns["messages"][row], list(data_row["prompt"])
+    sent, sampled, tool = [], [], []
+    before = 0  # response tokens before this turn
+    for turn, (_, model_ids) in enumerate(runs[::2]):
+        prompt_ids, out = calls[turn]
+        # every conversation is active every turn (three turns each), so row indexes the call's prompts
+        sent.append(len(prompt_ids) == len(batch) and prompt_ids[row] == data_row["prompt_ids"] + ids[:before])
+        sampled.append(out.response_ids[row, : int(out.response_mask[row].sum())].tolist() == model_ids)
+        before += len(model_ids)
+        if 2 * turn + 1 < len(runs):
+            env = runs[2 * turn + 1][1]
+            answer = messages[len(shown) + 1: len(shown) + 2]
+            tool.append(env == continuation_ids(tokenizer, shown, model_ids, answer))
+            shown = [*shown, messages[len(shown)], *answer]
+            before += len(env)
+    ends = [m[-1] == tokenizer.eos_token_id for model, m in runs if model]
+    return dict(segments=[model for model, _ in runs], sent=sent, sampled=sampled, tool=tool, turns_end_in_eos=ends)
+
+
+def assert_three_turns(figures: dict) -> None:
+    metrics = figures["metrics"]
+    # the last turn is answered too (its calls run, an environment may score it), with nothing appended after it
+    assert metrics["turns/mean"] == 3.0 and metrics["stop/max_turns"] == 1.0 and metrics["tool_calls/mean"] == 3.0, \
+        metrics
+    for c in figures["conversations"]:
+        assert c["segments"] == [1, 0, 1, 0, 1], c  # model, tool, model, tool, model
+        assert all(c["turns_end_in_eos"]) and all(c["sent"]) and all(c["sampled"]), c
+        assert len(c["tool"]) == 2 and all(c["tool"]), c
+    assert figures["env_logprob_max"] == 0.0, figures["env_logprob_max"]
+    assert figures["model_tokens"] > 0 and figures["logprob_gap"] < 1e-4, figures["logprob_gap"]  # fp32, 3 turns

@@ -42,6 +42,14 @@ def addition():
     return train.remove_columns("completion"), test.remove_columns("completion")
 
 
+@pytest.fixture(scope="session")
+def tool_model_path(tmp_path_factory):
+    """The tiny tool-using Llama of tests/agent_model.py (about 20 s of SFT), built once for every multi-turn test."""
+    from agent_model import build_tool_model
+
+    return build_tool_model(tmp_path_factory.mktemp("agent"))
+
+
 def small_config(tmp_path, **overrides):
     from verl_hf import VerlConfig
 

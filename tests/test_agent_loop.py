@@ -10,19 +10,19 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from agent_model import (assert_three_turns, build_tool_model, chat_rows, echo, echo_rollout,  # noqa: E402
-                         every_turn_calls_echo, prompts, three_turns)
+from agent_model import (assert_three_turns, chat_rows, echo, echo_rollout, every_turn_calls_echo,  # noqa: E402
+                         prompts, three_turns)
 
 from verl_hf import Actor  # noqa: E402
 from verl_hf.agent import MultiTurnRollout, Step, ToolEnvironment, as_tools  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def tool_model(tmp_path_factory):
+def tool_model(tool_model_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = build_tool_model(tmp_path_factory.mktemp("agent"))
-    return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path), path
+    return (AutoModelForCausalLM.from_pretrained(tool_model_path), AutoTokenizer.from_pretrained(tool_model_path),
+            tool_model_path)
 
 
 def test_three_turns_are_sampled_ids_plus_tool_messages_and_logprobs_match(tool_model):
@@ -230,3 +230,61 @@ def test_evaluation_counts_the_environments_turn_rewards_and_reports_the_rollout
     metrics = trainer.evaluate()
     assert metrics["eval_turns/mean"] == 3.0 and metrics["eval_stop/done"] == 1.0
     assert metrics["eval_turn_reward"] == 6.0 and metrics["eval_reward"] == 6.5 and metrics["eval_reward/half"] == 0.5
+
+
+class OpensWithAQuestion(CountingGame):
+    """An environment that opens the conversation itself (reset returns messages), from the row's `n`."""
+
+    def reset(self, row):
+        return [{"role": "user", "content": f"What is {row['n']} plus 1?"}]
+
+
+def test_reset_opens_the_conversation_and_errors_name_the_sample_in_the_batch(tool_model):
+    """reset()'s messages replace the row's prompt: they are the prompt ids (templated like a dataset prompt),
+    the reward functions' `prompts` and the start of `messages`. A bad opening, one longer than the prompt
+    limit, and a step that fails on one sample are errors that name that sample by its index in the batch."""
+    from transformers import AutoModelForCausalLM
+
+    from verl_hf.data import tokenize_prompt
+
+    _, tokenizer, path = tool_model  # the saved weights: the GRPO test trains the fixture's model in place
+    actor = Actor(AutoModelForCausalLM.from_pretrained(path), tokenizer)
+    rows = [{**row, "n": 10 + i} for i, row in enumerate(chat_rows(tokenizer, 2))]
+    rollout = MultiTurnRollout(OpensWithAQuestion, tokenizer, None, max_turns=2, max_tokens=100, env_timeout_s=30,
+                               max_prompt_tokens=64)
+    batch, _ = actor.generate_conversations(rollout, rows, max_new_tokens=16, num_return_sequences=2, seed=7)
+    for row in range(len(batch)):
+        opening = [{"role": "user", "content": f"What is {10 + row // 2} plus 1?"}]
+        ids = batch.prompt_ids[row][batch.prompt_mask[row].bool()].tolist()
+        assert ids == tokenize_prompt(tokenizer, opening) and ids != rows[row // 2]["prompt_ids"]
+        assert batch.prompts[row] == opening and batch.columns["messages"][row][:1] == opening
+
+    class Bad(CountingGame):
+        def __init__(self, opening):
+            super().__init__()
+            self.opening = opening
+
+        def reset(self, row):
+            return self.opening if row["n"] == 11 else None
+
+    for opening, error, message in [("hello", TypeError, "returned 'hello' for sample 1: return None"),
+                                    ([{"role": "user", "content": "x " * 80}], ValueError,
+                                     "opened sample 1 with .* tokens, more than max_prompt_length=64")]:
+        bad = MultiTurnRollout(lambda: Bad(opening), tokenizer, None, max_turns=2, max_tokens=100, env_timeout_s=30,
+                               max_prompt_tokens=64)
+        with pytest.raises(error, match=message):
+            actor.generate_conversations(bad, rows, max_new_tokens=16)
+
+    class FailsOnTheSecondRow(CountingGame):
+        def reset(self, row):
+            self.n = row["n"]
+
+        def step(self, message):
+            self.turns += 1
+            if self.n == 11 and self.turns == 2:  # samples 2 and 3, when only they are still playing
+                raise KeyError("no such state")
+            return Step([{"role": "user", "content": "again"}], done=self.n == 10)
+
+    failing = MultiTurnRollout(FailsOnTheSecondRow, tokenizer, None, max_turns=3, max_tokens=100, env_timeout_s=30)
+    with pytest.raises(RuntimeError, match="environment.step failed on sample 2 of the batch: KeyError"):
+        actor.generate_conversations(failing, rows, max_new_tokens=16, num_return_sequences=2)

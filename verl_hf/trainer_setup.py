@@ -93,7 +93,7 @@ def make_multi_turn(args: VerlConfig, tools, environment, tokenizer):
     make_env = environment_factory(environment, tool_map, args.tool_call_parser, args.max_tool_calls,
                                    args.tool_timeout_s)
     return MultiTurnRollout(make_env, tokenizer, schemas, args.max_turns, args.max_response_length, args.env_timeout_s,
-                            turn_length=args.max_turn_length)
+                            turn_length=args.max_turn_length, max_prompt_tokens=args.max_prompt_length)
 
 
 def _refuse_multi_turn_fields(args: VerlConfig) -> None:

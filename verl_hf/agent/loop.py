@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ..batch import RolloutBatch, row_columns
+from ..data import tokenize_prompt
 from ..rewards.calling import run_coroutines
 from ..rollout.base import SamplingConfig, left_pad
 from .chat import ChatTemplateError, continuation_ids
@@ -49,19 +50,21 @@ class Conversation:
     turns: int = 0
     stop: str | None = None  # one of STOP_REASONS once finished
     last_turn: list[int] = field(default_factory=list)
+    prompt: list[dict] = field(default_factory=list)  # the opening messages (the row's prompt, or reset()'s)
+    index: int = 0  # its place in the round's batch (errors name it)
 
 
 class MultiTurnRollout:
     """Holds: the environment factory, the tokenizer, the tools' schemas (for the chat template), and the
     limits: `max_turns`, `max_tokens` per sample (model and environment tokens), `turn_length` per turn,
-    `env_timeout_s` per answer."""
+    `env_timeout_s` per answer, `max_prompt_tokens` for the messages an environment's reset() opens with."""
 
     def __init__(self, make_env, tokenizer, tools_schema: list[dict] | None, max_turns: int, max_tokens: int,
-                 env_timeout_s: float | None, turn_length: int | None = None):
+                 env_timeout_s: float | None, turn_length: int | None = None, max_prompt_tokens: int | None = None):
         """`turn_length`: the most tokens one turn may sample (None: the caller's max_new_tokens)."""
         self.make_env, self.tokenizer, self.tools_schema = make_env, tokenizer, tools_schema
         self.max_turns, self.max_tokens, self.env_timeout_s = max_turns, max_tokens, env_timeout_s
-        self.turn_length = turn_length
+        self.turn_length, self.max_prompt_tokens = turn_length, max_prompt_tokens
 
     def run(self, engine, rows: list[dict], params: SamplingConfig) -> list[Conversation]:
         """`params.num_return_sequences` conversations per row (adjacent), played to their end. The last
@@ -82,18 +85,36 @@ class MultiTurnRollout:
         return conversations
 
     def start(self, rows: list[dict]) -> list[Conversation]:
+        """A conversation per row: the messages its environment's reset() opens it with, or else the row's
+        chat prompt (and its ids, tokenized with the dataset)."""
         envs = [self.make_env() for _ in rows]
-        firsts = self._all([(env.reset, (row,)) for env, row in zip(envs, rows)], "reset")
+        firsts = self._all([(env.reset, (row,)) for env, row in zip(envs, rows)], "reset", range(len(rows)))
         conversations = []
-        for row, env, first in zip(rows, envs, firsts):
-            if first is not None:  # the environment opens the conversation itself
-                raise NotImplementedError("environments whose reset() returns messages are not supported yet; "
-                                          "return None and put the opening messages in the dataset's prompt.")
-            if not isinstance(row.get("prompt"), list):
-                raise ValueError("multi-turn rollouts need chat prompts (a list of {'role', 'content'} messages "
-                                 f"per row); got {type(row.get('prompt')).__name__}.")
-            conversations.append(Conversation(list(row["prompt_ids"]), list(row["prompt"]), env))
+        for index, (row, env, first) in enumerate(zip(rows, envs, firsts)):
+            if first is None:
+                if not isinstance(row.get("prompt"), list):
+                    raise ValueError("multi-turn rollouts need chat prompts (a list of {'role', 'content'} messages "
+                                     f"per row); got {type(row.get('prompt')).__name__}.")
+                prompt, ids = list(row["prompt"]), list(row["prompt_ids"])
+            else:
+                prompt = self._opening(first, index)
+                ids = tokenize_prompt(self.tokenizer, prompt, self.tools_schema)
+            conversations.append(Conversation(ids, list(prompt), env, prompt=prompt, index=index))
         return conversations
+
+    def _opening(self, messages, index: int) -> list[dict]:
+        """reset()'s messages, checked: chat messages that fit in `max_prompt_tokens` once templated."""
+        if not isinstance(messages, list) or not messages or not all(
+                isinstance(m, dict) and "role" in m and isinstance(m.get("content"), str) for m in messages):
+            raise TypeError(f"environment.reset returned {str(messages)[:80]!r} for sample {index}: return None (the "
+                            f"row's prompt opens the conversation) or a non-empty list of {{'role', 'content'}} "
+                            f"messages.")
+        length = len(tokenize_prompt(self.tokenizer, messages, self.tools_schema))
+        if self.max_prompt_tokens is not None and length > self.max_prompt_tokens:
+            raise ValueError(f"environment.reset opened sample {index} with {length} tokens, more than "
+                             f"max_prompt_length={self.max_prompt_tokens}: raise max_prompt_length or open with "
+                             f"fewer tokens.")
+        return list(messages)
 
     def sample_turn(self, engine, active: list[Conversation], params: SamplingConfig, seeds) -> None:
         """One turn of the model for every conversation in `active`, appended as sampled."""
@@ -124,7 +145,7 @@ class MultiTurnRollout:
         waiting = [c for c in waiting if c.stop is None]
         decode = self.tokenizer.decode
         turns = [{"role": "assistant", "content": decode(c.last_turn[:-1], skip_special_tokens=False)} for c in waiting]
-        steps = self._all([(c.env.step, (turn,)) for c, turn in zip(waiting, turns)], "step")
+        steps = self._all([(c.env.step, (turn,)) for c, turn in zip(waiting, turns)], "step", [c.index for c in waiting])
         for c, turn, step in zip(waiting, turns, steps):
             if not isinstance(step, Step):
                 raise TypeError(f"environment.step returned a {type(step).__name__}, not a verl_hf.agent.Step.")
@@ -148,15 +169,15 @@ class MultiTurnRollout:
             c.ids, c.from_model = c.ids + suffix, c.from_model + [0] * len(suffix)
             c.logprobs += [0.0] * len(suffix)
 
-    def _all(self, calls: list[tuple], what: str) -> list:
+    def _all(self, calls: list[tuple], what: str, indices) -> list:
         """Each (method, args)'s result, run concurrently (sync methods each in a thread of their own); an
-        environment that raises or times out stops the rollout with its sample's index."""
+        environment that raises or times out stops the rollout, naming its sample by its index in the batch."""
         results = run_coroutines([call_anyhow(method, args, label=f"env-{what}") for method, args in calls],
                                  self.env_timeout_s, [f"environment.{what}"] * len(calls), setting="env_timeout_s")
-        for i, result in enumerate(results):
+        for index, result in zip(indices, results):
             if isinstance(result, BaseException):
-                raise RuntimeError(f"environment.{what} failed on sample {i}: {type(result).__name__}: {result}") \
-                    from result
+                raise RuntimeError(f"environment.{what} failed on sample {index} of the batch: "
+                                   f"{type(result).__name__}: {result}") from result
         return results
 
     def metrics(self, conversations: list[Conversation]) -> dict[str, float]:
@@ -199,7 +220,7 @@ def to_batch(conversations: list[Conversation], rows: list[dict], num_return_seq
         prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids, response_mask=from_model,
         env_mask=env, truncated=torch.tensor([c.stop in ("budget", "length", "max_turns") for c in conversations]),
         rollout_logprobs=logprobs, turn_rewards=turn_rewards,  # zeros without any: batches of a round join alike
-        group_ids=torch.arange(len(rows)).repeat_interleave(n), prompts=[row["prompt"] for row in rows for _ in range(n)],
+        group_ids=torch.arange(len(rows)).repeat_interleave(n), prompts=[c.prompt for c in conversations],
         completions=[_final_answer(c, tokenizer) for c in conversations], columns=columns)
 
 
