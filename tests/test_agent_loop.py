@@ -288,3 +288,65 @@ def test_reset_opens_the_conversation_and_errors_name_the_sample_in_the_batch(to
     failing = MultiTurnRollout(FailsOnTheSecondRow, tokenizer, None, max_turns=3, max_tokens=100, env_timeout_s=30)
     with pytest.raises(RuntimeError, match="environment.step failed on sample 2 of the batch: KeyError"):
         actor.generate_conversations(failing, rows, max_new_tokens=16, num_return_sequences=2)
+
+
+def test_ppo_with_a_critic_and_kl_in_the_reward_trains_on_conversations(tool_model, tmp_path, monkeypatch):
+    """GAE with a critic over conversations with per-turn rewards and the KL penalty in the reward: values,
+    advantages and returns exist on the model's tokens only (the critic is never fitted to tool tokens), and
+    both the actor and the critic train."""
+    from datasets import Dataset
+
+    from conftest import small_config
+    from verl_hf import VerlTrainer
+    from verl_hf.round import RoundBuilder
+
+    _, tokenizer, path = tool_model
+    data = Dataset.from_list([{"prompt": p, "answer": "1"} for p in prompts(16, seed=12)])
+    seen = []
+    original = RoundBuilder.compute_advantages
+
+    def recording(self, batch, step):  # the real method; the round's batch kept to look at
+        batch, kl = original(self, batch, step)
+        seen.append(batch)
+        return batch, kl
+
+    args = small_config(tmp_path, reward_funcs=None, reward_weights=None, max_steps=2, max_turns=3,
+                        max_response_length=120, max_turn_length=16, per_device_train_batch_size=8, num_generations=1,
+                        adv_estimator="gae", critic_learning_rate=1e-3, use_kl_in_reward=True, kl_coef=0.05)
+    trainer = VerlTrainer(model=path, args=args, train_dataset=data, environment=CountingGame,
+                          reward_funcs=[lambda completions, **kw: [float(len(c) % 2) for c in completions]])
+    monkeypatch.setattr(RoundBuilder, "compute_advantages", recording)
+    trainer.train()
+    env = seen[0].env_mask.bool()
+    assert env.any() and seen[0].turn_rewards.sum() > 0
+    for name in ("advantages", "returns", "token_level_rewards"):
+        assert (getattr(seen[0], name)[env] == 0).all(), name
+    logs = [h for h in trainer.state.log_history if "critic/value_loss" in h]
+    assert len(logs) == 2 and all(torch.isfinite(torch.tensor(h["critic/value_loss"])) for h in logs)
+    assert all(h["kl/in_reward"] >= 0 for h in trainer.state.log_history if "kl/in_reward" in h)
+
+
+def test_an_environment_alone_rewards_a_run(tool_model, tmp_path):
+    """environment= without any reward function: the per-turn rewards are the whole reward (no dummy function
+    needed). `environment_return` (weight 0) reports each episode's sum; the training reward and eval_reward
+    are the episodes' rewards, and accuracy reads the episode's return against eval_correct_threshold."""
+    from datasets import Dataset
+
+    from conftest import small_config
+    from verl_hf import VerlTrainer
+
+    _, tokenizer, path = tool_model
+    data = Dataset.from_list([{"prompt": p, "answer": "1"} for p in prompts(8, seed=13)])
+    args = small_config(tmp_path, reward_funcs=None, reward_weights=None, max_steps=1, max_turns=5,
+                        max_response_length=200, max_turn_length=16, per_device_train_batch_size=8,
+                        per_device_eval_batch_size=8)
+    trainer = VerlTrainer(model=path, args=args, train_dataset=data, eval_dataset=data, environment=CountingGame)
+    assert [name for name, _ in trainer.reward_funcs] == ["environment_return"] and trainer.reward_weights == [0.0]
+    trainer.train()
+    logged = next(h for h in trainer.state.log_history if "reward/turns/mean" in h)
+    assert logged["reward/mean"] == logged["reward/turns/mean"] == logged["reward/environment_return/mean"] > 0
+    metrics = trainer.evaluate()
+    assert metrics["eval_reward"] == metrics["eval_turn_reward"] == metrics["eval_reward/environment_return"] == 6.0
+    assert metrics["eval_accuracy"] == 1.0
+    with pytest.raises(ValueError, match="no reward: .*or environment= whose step"):
+        VerlTrainer(model=path, args=args, train_dataset=data, tools=[echo])

@@ -407,6 +407,22 @@ def test_gae_hand_example_no_whiten():
     assert torch.allclose(ret, torch.tensor([[0.45, 1.0, 0.0]]))
 
 
+def test_gae_skips_environment_tokens_in_a_multi_turn_response():
+    """Multi-turn: tool tokens (mask 0) sit between the model's turns. The recursion steps over them: the
+    model's last token before them bootstraps from the value of the model's next token, as if the tool's
+    tokens were part of the environment's transition, and they get no advantage and no return."""
+    from verl_hf.algorithms import gae_advantages
+
+    # model, tool, tool, model; a turn reward 0.5 on the first turn's last token, the outcome 1 at the end
+    # gamma = lam = 1: A3 = 1 - 0.8 = 0.2; A0 = 0.5 + 0.8 - 0.5 + A3 = 1.0; returns A + V = 1.5, 1.0
+    r = torch.tensor([[0.5, 0.0, 0.0, 1.0]])
+    m = torch.tensor([[1.0, 0.0, 0.0, 1.0]])
+    v = torch.tensor([[0.5, 7.0, -7.0, 0.8]])  # the critic's values at tool tokens must not leak in
+    adv, ret = gae_advantages(r, m, v, gamma=1.0, lam=1.0, whiten=False)
+    assert torch.allclose(adv, torch.tensor([[1.0, 0.0, 0.0, 0.2]]))
+    assert torch.allclose(ret, torch.tensor([[1.5, 0.0, 0.0, 1.0]]))
+
+
 def test_gae_whitened_over_valid_tokens():
     from verl_hf.algorithms import gae_advantages
 

@@ -95,11 +95,12 @@ def prepare_prompts(dataset, tokenizer, data_key_map: dict | None, max_prompt_le
     """Map columns, add `prompt_ids`, drop over-long prompts (logged). Returns the new dataset.
     `prompt_kwargs`: `tools` and `chat_only` of tokenize_prompt."""
     dataset = apply_key_map(dataset, data_key_map, split)
-    taken = sorted({"messages", "tool_statuses"} & set(dataset.column_names)) if prompt_kwargs.get("chat_only") else []
+    reserved = {"messages", "tool_statuses", "turn_rewards"}
+    taken = sorted(reserved & set(dataset.column_names)) if prompt_kwargs.get("chat_only") else []
     if taken:
         raise ValueError(f"{split}: multi-turn rollouts give reward functions the columns 'messages' (the whole "
-                         f"conversation) and 'tool_statuses'; the dataset has {taken} already. Rename them "
-                         f"(data_key_map or Dataset.rename_column).")
+                         f"conversation), 'tool_statuses' and 'turn_rewards'; the dataset has {taken} already. "
+                         f"Rename them (data_key_map or Dataset.rename_column).")
     if PROMPT_IDS in dataset.column_names:
         dataset = dataset.remove_columns(PROMPT_IDS)
     dataset = dataset.map(lambda row, i: {PROMPT_IDS: _tokenized_row(tokenizer, row["prompt"], i, split,

@@ -123,7 +123,7 @@ class RoundBuilder:
         """Rewards (and, through the constraint, costs); `valid` says which rows some function scored."""
         with self.metrics.timer("reward"):
             batch.rewards, result, penalty = self.rewards.rewards(batch)
-        self.metrics.record(result.metrics())
+        self.metrics.record({**result.metrics(), **episode_reward_metrics(batch, result.valid)})
         device = batch.response_mask.device
         batch.reward_per_function, batch.valid = result.per_function.to(device), result.valid.to(device)
         if self.args.overlong_buffer_len:
@@ -297,6 +297,17 @@ def by_length(batch: RolloutBatch) -> RolloutBatch:
     lengths = batch.prompt_mask.sum(dim=1) + batch.response_attention_mask.sum(dim=1)
     order = torch.sort(lengths, stable=True).indices
     return batch if bool((order == torch.arange(len(order))).all()) else batch.select(order.tolist())
+
+
+def episode_reward_metrics(batch: RolloutBatch, valid: torch.Tensor) -> dict[str, float]:
+    """With an environment's per-turn rewards: reward/mean and reward/std of the whole episodes' rewards (as
+    evaluation's eval_reward counts them), and reward/turns/mean, their turn rewards' part. {} without any."""
+    if batch.turn_rewards is None or not bool(batch.turn_rewards.ne(0).any()) or not bool(valid.any()):
+        return {}
+    valid = valid.to(batch.rewards.device)
+    episode, turns = with_turn_rewards(batch.rewards, batch)[valid], batch.turn_rewards.sum(dim=1)[valid.cpu()]
+    return {"reward/mean": episode.mean().item(), "reward/std": episode.std(unbiased=False).item(),
+            "reward/turns/mean": turns.mean().item()}
 
 
 def with_turn_rewards(rewards: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:

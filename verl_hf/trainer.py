@@ -79,8 +79,7 @@ class VerlTrainer(Trainer):
         args = setup.as_verl_config(args, model)
         setup.check_model_paths(model, args)
         # Cheap checks first: rewards, tokenizer and data fail here, before any model is loaded.
-        self.reward_funcs = setup.resolve_rewards(args, reward_funcs, reward_model)
-        self.reward_weights = list(args.reward_weights or [1.0] * len(self.reward_funcs))
+        self.reward_funcs, self.reward_weights = setup.resolve_rewards(args, reward_funcs, reward_model, environment)
         tokenizer = setup.load_tokenizer(
             setup.one_of_aliases("processing_class", processing_class, "tokenizer", tokenizer), model)
         self.multi_turn = setup.make_multi_turn(args, tools, environment, tokenizer)  # None: one turn per sample

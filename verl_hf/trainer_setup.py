@@ -42,7 +42,9 @@ def as_verl_config(args, model) -> VerlConfig:
     raise TypeError(f"args must be a VerlConfig (or TrainingArguments), got {type(args).__name__}.")
 
 
-def resolve_rewards(args: VerlConfig, reward_funcs, reward_model):
+def resolve_rewards(args: VerlConfig, reward_funcs, reward_model, environment=None):
+    """(reward functions as (name, fn), their weights). An `environment=` run without any is rewarded by its
+    environment's per-turn rewards alone: it gets `environment_return`, weight 0, as its metric."""
     specs = list(args.reward_funcs or [])
     if reward_funcs is not None:
         specs += list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
@@ -50,13 +52,18 @@ def resolve_rewards(args: VerlConfig, reward_funcs, reward_model):
         specs.append(as_reward_model(reward_model))
     for path in args.reward_model_path or []:
         specs.append(load_score_model(path, args.reward_model_label_index))
+    if not specs and environment is not None and args.reward_weights is None:
+        from .agent import environment_return
+
+        return resolve_reward_funcs([environment_return]), [0.0]
     if not specs:
-        raise ValueError("no reward: pass reward_funcs=[...] (callables or names such as 'gsm8k') or reward_model=.")
+        raise ValueError("no reward: pass reward_funcs=[...] (callables or names such as 'gsm8k') or reward_model= "
+                         "(or environment= whose step() returns rewards).")
     funcs = resolve_reward_funcs(specs)
     if args.reward_weights is not None and len(args.reward_weights) != len(funcs):
         raise ValueError(f"reward_weights has {len(args.reward_weights)} entries for {len(funcs)} reward functions "
                          f"({[n for n, _ in funcs]}); give one weight per function.")
-    return funcs
+    return funcs, list(args.reward_weights or [1.0] * len(funcs))
 
 
 MULTI_TURN_FIELDS = ("max_turns", "max_turn_length", "max_tool_calls", "tool_timeout_s", "tool_call_parser",

@@ -6,15 +6,15 @@ environment.py  -- the environment protocol (reset/step -> Step) and ToolEnviron
 chat.py         -- the ids that answer a sampled turn, from the chat template as a suffix
 loop.py         -- the rollout loop over any engine, and the RolloutBatch it makes
 
-See it work: tests/test_agent_tools.py, tests/test_agent_loop.py.
+See it work: tests/test_agent_tools.py, tests/test_agent_loop.py, tests/test_agent_vllm.py.
 """
 
 from .chat import ChatTemplateError, check_extendable, continuation_ids
-from .environment import Step, ToolEnvironment, environment_factory
+from .environment import Step, ToolEnvironment, environment_factory, environment_return
 from .loop import Conversation, MultiTurnRollout, to_batch
 from .parsers import TOOL_CALL_PARSERS, parse_hermes, tool_call_parser
 from .tools import STATUSES, Tool, ToolCall, ToolResult, as_tools
 
 __all__ = ["ChatTemplateError", "Conversation", "MultiTurnRollout", "STATUSES", "Step", "TOOL_CALL_PARSERS", "Tool",
            "ToolCall", "ToolEnvironment", "ToolResult", "as_tools", "check_extendable", "continuation_ids",
-           "environment_factory", "parse_hermes", "to_batch", "tool_call_parser"]
+           "environment_factory", "environment_return", "parse_hermes", "to_batch", "tool_call_parser"]

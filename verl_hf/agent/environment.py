@@ -59,6 +59,13 @@ class ToolEnvironment:
         return Step(messages, done=self.calls_left < 0, statuses=tuple(r.status for r in results))
 
 
+def environment_return(completions, turn_rewards, **columns) -> list[float]:
+    """Each episode's sum of the environment's per-turn rewards: the reward function of an `environment=` run
+    that names none. Its weight is 0 (the turn rewards are in every estimator's return already), so it adds
+    nothing to training; it is what evaluation's accuracy and `reward/environment_return` report."""
+    return [float(sum(rewards)) for rewards in turn_rewards]
+
+
 def environment_factory(environment, tools: dict[str, Tool], parser, max_tool_calls: int,
                         timeout_s: float | None) -> Callable[[], object]:
     """One factory for both front doors: `environment` (a class or zero-argument callable returning an object

@@ -199,7 +199,8 @@ class MultiTurnRollout:
 def to_batch(conversations: list[Conversation], rows: list[dict], num_return_sequences: int, tokenizer) -> RolloutBatch:
     """The round's RolloutBatch: model tokens in response_mask, environment tokens in env_mask, per-turn
     rewards on their turn's last token. `completions` is each conversation's last assistant message;
-    reward functions also get its whole `messages` and its `tool_statuses` as columns."""
+    reward functions also get its whole `messages`, its `tool_statuses` and its `turn_rewards` (the
+    environment's, in order) as columns."""
     pad = tokenizer.pad_token_id
     prompt_ids, prompt_mask = left_pad([c.prompt_ids for c in conversations], pad)
     width = max(max(len(c.ids) for c in conversations), 1)
@@ -215,7 +216,8 @@ def to_batch(conversations: list[Conversation], rows: list[dict], num_return_seq
         for position, reward in c.rewards.items():
             turn_rewards[row, position] = reward
     n, columns = num_return_sequences, row_columns(rows, num_return_sequences)
-    columns.update(messages=[c.messages for c in conversations], tool_statuses=[list(c.statuses) for c in conversations])
+    columns.update(messages=[c.messages for c in conversations], tool_statuses=[list(c.statuses) for c in conversations],
+                   turn_rewards=[[c.rewards[p] for p in sorted(c.rewards)] for c in conversations])
     return RolloutBatch(
         prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids, response_mask=from_model,
         env_mask=env, truncated=torch.tensor([c.stop in ("budget", "length", "max_turns") for c in conversations]),
