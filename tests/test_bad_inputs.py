@@ -57,6 +57,12 @@ CONFIG_CASES = [
     ("KL control without KL", dict(kl_controller="adaptive"), ValueError, r"kl_coef=0 turns KL off"),
     ("GAE lambda without GAE", dict(lam=0.9), ValueError,
      r"lam=0.9 takes effect only when adv_estimator is one that takes lam \(gae\).*adv_estimator='grpo'"),
+    ("no turns", dict(max_turns=0), ValueError, r"max_turns=0 must be >= 1"),
+    ("a turn longer than the budget", dict(max_turn_length=10_000), ValueError,
+     r"max_turn_length=10000 must be in \[1, max_response_length\] \(None: max_response_length\)"),
+    ("negative tool calls", dict(max_tool_calls=-1), ValueError, r"max_tool_calls=-1 must be >= 0"),
+    ("zero tool timeout", dict(tool_timeout_s=0.0), ValueError, r"tool_timeout_s=0.0 must be > 0 \(None: no limit\)"),
+    ("negative environment timeout", dict(env_timeout_s=-1.0), ValueError, r"env_timeout_s=-1.0 must be > 0"),
     ("KL horizon with the PID controller", dict(kl_coef=0.1, kl_controller="pid", kl_pid_gains=[1.0, 0.0, 0.0],
                                                 kl_horizon=100), ValueError,
      r"kl_horizon=100 takes effect only when kl_controller='adaptive'"),
@@ -194,7 +200,36 @@ def _guard_that_cannot_fire(tmp_path, warm):
     return dict(model=warm, callbacks=[KLGuardCallback(max_kl=0.5)])
 
 
+def _tools_without_a_chat_template(tmp_path, warm):
+    from verl_hf.demo.tools_task import multiply
+
+    return dict(model=warm, tools=[multiply])  # the addition demo's tokenizer has no chat template
+
+
+def _unknown_tool_call_parser(tmp_path, warm):
+    from verl_hf.demo import TOOLS_WARM_START_DIR
+
+    return dict(model=str(TOOLS_WARM_START_DIR), args_extra=dict(tools=["verl_hf.demo.tools_task:multiply"],
+                                                                  tool_call_parser="xml"))
+
+
+def _multi_turn_setting_without_multi_turn(tmp_path, warm):
+    return dict(model=warm, args_extra=dict(max_tool_calls=2))
+
+
+def _a_tool_path_that_does_not_load(tmp_path, warm):
+    return dict(model=warm, args_extra=dict(tools=["verl_hf.demo.tools_task:mulitply"]))
+
+
 SETUP_CASES = [
+    ("tools with a tokenizer without a chat template", _tools_without_a_chat_template, ValueError,
+     r"multi-turn rollouts need a tokenizer with a chat template \(tokenizer.chat_template is None\)"),
+    ("an unknown tool-call parser", _unknown_tool_call_parser, ValueError,
+     r"tool_call_parser='xml': unknown; built in: \['hermes'\], or pass a callable"),
+    ("a multi-turn setting without multi-turn", _multi_turn_setting_without_multi_turn, ValueError,
+     r"max_tool_calls=2 takes effect only in multi-turn rollouts: pass tools=\[...\] or environment="),
+    ("a tool path that does not load", _a_tool_path_that_does_not_load, ValueError,
+     r"tool 'verl_hf.demo.tools_task:mulitply': 'verl_hf.demo.tools_task' has no callable named 'mulitply'; check"),
     ("a policy path that does not exist", _missing_policy, FileNotFoundError,
      r"model='.*no-such-model': no such file or directory \(a local path"),
     ("a reward model path that does not exist", _missing_reward_model, FileNotFoundError,
