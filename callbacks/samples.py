@@ -1,7 +1,8 @@
 """`CompletionSamplesCallback`: what the policy actually writes, at every logging step.
 
 Writes prompt, completion, reward (and each reward function's score), advantage and cost (Safe-RLHF) of the
-first `num_samples` rows of the latest rollout round to `<output_dir>/completions/`: one JSONL file appended
+first `num_samples` rows of the latest rollout round (multi-turn: also the whole conversation, the tool
+calls' outcomes and the environment's turn rewards, and the reward counts them) to `<output_dir>/completions/`: one JSONL file appended
 at every log (`samples.jsonl`) and/or one parquet file per logging step. When the run reports to tensorboard,
 wandb or trackio, the same rows go there as a table.
 
@@ -63,8 +64,21 @@ def sample_rows(batch, reward_names: list[str], step: int, count: int) -> list[d
                **{f"reward/{n}": (None if torch.isnan(torch.tensor(v)) else v) for n, v in zip(reward_names, per_function)}}
         if batch.costs is not None:
             row["cost"] = float(batch.costs[i])
-        rows.append(row)
+        rows.append({**row, **_conversation_fields(batch, i)})
     return rows
+
+
+def _conversation_fields(batch, i: int) -> dict:
+    """Multi-turn rows: the whole conversation (JSON, as the prompt is), the tool calls' outcomes, the
+    environment's per-turn rewards, and the episode's reward with them (what the advantages were computed on)."""
+    if "messages" not in batch.columns:
+        return {}
+    from verl_hf.round import with_turn_rewards
+
+    return {"conversation": json.dumps(batch.columns["messages"][i]),
+            "tool_statuses": list(batch.columns["tool_statuses"][i]),
+            "turn_rewards": list(batch.columns["turn_rewards"][i]),
+            "reward": float(with_turn_rewards(batch.rewards, batch)[i])}
 
 
 def _text(prompt) -> str:

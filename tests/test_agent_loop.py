@@ -330,19 +330,32 @@ def test_an_environment_alone_rewards_a_run(tool_model, tmp_path):
     """environment= without any reward function: the per-turn rewards are the whole reward (no dummy function
     needed). `environment_return` (weight 0) reports each episode's sum; the training reward and eval_reward
     are the episodes' rewards, and accuracy reads the episode's return against eval_correct_threshold."""
+    import json
+    import os
+
     from datasets import Dataset
 
     from conftest import small_config
     from verl_hf import VerlTrainer
+    from verl_hf.callbacks import CompletionSamplesCallback
 
     _, tokenizer, path = tool_model
     data = Dataset.from_list([{"prompt": p, "answer": "1"} for p in prompts(8, seed=13)])
     args = small_config(tmp_path, reward_funcs=None, reward_weights=None, max_steps=1, max_turns=5,
                         max_response_length=200, max_turn_length=16, per_device_train_batch_size=8,
                         per_device_eval_batch_size=8)
-    trainer = VerlTrainer(model=path, args=args, train_dataset=data, eval_dataset=data, environment=CountingGame)
+    samples = CompletionSamplesCallback(num_samples=2, formats=("jsonl", "parquet"))
+    trainer = VerlTrainer(model=path, args=args, train_dataset=data, eval_dataset=data, environment=CountingGame,
+                          callbacks=[samples])
     assert [name for name, _ in trainer.reward_funcs] == ["environment_return"] and trainer.reward_weights == [0.0]
     trainer.train()
+    written = [json.loads(line) for line in open(os.path.join(args.output_dir, "completions", "samples.jsonl"))]
+    for row in written:  # whole conversations, as in the parquet file
+        conversation = json.loads(row["conversation"])
+        assert json.dumps(conversation[:1]) == row["prompt"] and [m["role"] for m in conversation[1:3]] == \
+            ["assistant", "user"]
+        assert row["turn_rewards"] == [1.0, 2.0, 3.0] and row["reward"] == 6.0 and row["tool_statuses"] == []
+    assert len(written) == 2 and os.path.exists(os.path.join(args.output_dir, "completions", "step_1.parquet"))
     logged = next(h for h in trainer.state.log_history if "reward/turns/mean" in h)
     assert logged["reward/mean"] == logged["reward/turns/mean"] == logged["reward/environment_return/mean"] > 0
     metrics = trainer.evaluate()
