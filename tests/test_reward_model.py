@@ -78,3 +78,27 @@ def test_reward_models_from_config_paths_with_label_index(tmp_path, warm_start_d
     with pytest.raises(ValueError, match="reward_model_label_index"):
         VerlTrainer(model=warm_start_dir, train_dataset=addition[0],
                     args=small_config(tmp_path, reward_model_path=str(two), reward_weights=None))
+
+
+def test_a_reward_model_scores_the_whole_conversation_of_a_multi_turn_row(tokenizer):
+    """Multi-turn rows: the reward model reads the tool call and its result, not only the final answer; a
+    template that cannot render a `tool` turn is an error that says what to do."""
+    from verl_hf.demo.tools_task import conversation
+
+    rm_tok = _word_tokenizer()
+    rm_tok.chat_template = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }}\n{% endfor %}"
+    model = _score_model(len(rm_tok), rm_tok.pad_token_id)
+    rm = RewardModel(model, rm_tok)
+    messages = conversation(123, 456, use_tool=True)
+    text = "".join(f"{m['role']} {m['content']}\n" for m in messages)
+    with torch.no_grad():
+        direct = model(**rm_tok([text], return_tensors="pt")).logits[0, 0].item()
+    assert rm(["unused"], ["#### 56088"], messages=[messages])[0] == pytest.approx(direct, abs=1e-5)
+    alone = rm(["What is 123 times 456?"], ["#### 56088"])[0]
+    assert alone != pytest.approx(direct, abs=1e-5)  # the tool exchange changed what was scored
+    rm_tok.chat_template = ("{% for m in messages %}{% if m['role'] not in ['user', 'assistant'] %}"
+                            "{{ raise_exception('Conversation roles must alternate user/assistant') }}{% endif %}"
+                            "{{ m['content'] }}{% endfor %}")
+    with pytest.raises(ValueError, match=r"cannot render this conversation \(roles \['assistant', 'tool', 'user'\]\)"
+                                         r".*Give the reward model a tokenizer whose template renders them"):
+        rm(["unused"], ["#### 56088"], messages=[messages])

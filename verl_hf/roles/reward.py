@@ -66,16 +66,32 @@ class RewardModel(Role):
         """The text scored for one pair: chat prompts through the reward model's chat template when it has one."""
         if isinstance(prompt, str):
             return prompt + completion
-        messages = list(prompt) + [{"role": "assistant", "content": completion}]
-        if getattr(self.tokenizer, "chat_template", None):
+        return self.format_conversation(list(prompt) + [{"role": "assistant", "content": completion}])
+
+    def format_conversation(self, messages: list[dict]) -> str:
+        """The text scored for a whole conversation (multi-turn: the tool calls and results included), through
+        the reward model's chat template when it has one, else one `role: content` line per message."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            return "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+        try:
             return self.tokenizer.apply_chat_template(messages, tokenize=False)
-        return "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+        except Exception as exc:  # jinja's own errors, e.g. roles that must alternate, no `tool` role
+            roles = sorted({m["role"] for m in messages})
+            raise ValueError(f"the reward model's chat template cannot render this conversation (roles {roles}): "
+                             f"{type(exc).__name__}: {exc}. Give the reward model a tokenizer whose template renders "
+                             f"them, or score the final answer with a reward function instead.") from exc
 
     def score(self, sequences: RolloutBatch) -> torch.Tensor:
-        """One scalar per sequence (B,)."""
+        """One scalar per sequence (B,); multi-turn batches are scored on their whole conversations."""
+        if "messages" in sequences.columns:
+            return self.score_texts([self.format_conversation(m) for m in sequences.columns["messages"]])
         return self.score_texts([self.format(p, c) for p, c in zip(sequences.prompts, sequences.completions)])
 
     get_reward = score  # the name the seed posts use
 
-    def __call__(self, prompts, completions, completion_ids=None, **columns) -> list[float]:
+    def __call__(self, prompts, completions, completion_ids=None, messages=None, **columns) -> list[float]:
+        """As a reward function: each pair's score, or with multi-turn rows (`messages`) each whole
+        conversation's, the tool exchange included."""
+        if messages is not None:
+            return self.score_texts([self.format_conversation(m) for m in messages]).tolist()
         return self.score_texts([self.format(p, c) for p, c in zip(prompts, completions)]).tolist()
