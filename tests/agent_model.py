@@ -128,13 +128,16 @@ def segments(ids: list[int], from_model: list[int]) -> list[tuple[int, list[int]
 
 @contextlib.contextmanager
 def recorded(engine):
-    """The real engine, each of its generate calls' (prompt ids, Rollout) recorded while inside: what the loop
-    sent and what the engine sampled, to compare with the training sequence."""
+    """The real engine, each of its generate calls' (prompt ids, Rollout, time sent) recorded while inside: what
+    the loop sent and when, and what the engine sampled, to compare with the training sequence."""
+    import time
+
     calls, generate = [], engine.generate
 
     def recording(prompt_ids, params):
+        sent = time.monotonic()
         out = generate(prompt_ids, params)
-        calls.append((prompt_ids, out))
+        calls.append((prompt_ids, out, sent))
         return out
 
     engine.generate = recording
@@ -172,10 +175,13 @@ def _conversation(batch, row: int, data_row: dict, calls: list, tokenizer) -> di
     sent, sampled, tool = [], [], []
     before = 0  # response tokens before this turn
     for turn, (_, model_ids) in enumerate(runs[::2]):
-        prompt_ids, out = calls[turn]
-        # every conversation is active every turn (three turns each), so row indexes the call's prompts
-        sent.append(len(prompt_ids) == len(batch) and prompt_ids[row] == data_row["prompt_ids"] + ids[:before])
-        sampled.append(out.response_ids[row, : int(out.response_mask[row].sum())].tolist() == model_ids)
+        # the engine call that was sent this conversation's training sequence so far (in step: one call per turn
+        # with every conversation; on a server: a call per sample and turn)
+        expected = data_row["prompt_ids"] + ids[:before]
+        found = [(out, i) for prompt_ids, out, _ in calls for i, p in enumerate(prompt_ids) if p == expected]
+        sent.append(len(found) >= 1)
+        sampled.append(any(out.response_ids[i, : int(out.response_mask[i].sum())].tolist() == model_ids
+                           for out, i in found))
         before += len(model_ids)
         if 2 * turn + 1 < len(runs):
             env = runs[2 * turn + 1][1]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import pytest  # noqa: E402
 from agent_model import assert_three_turns, three_turns  # noqa: E402
 
 MAX_MODEL_LEN = 256  # the tool model's max_position_embeddings; a conversation is at most ~20 + 160 tokens
@@ -56,18 +57,82 @@ def test_three_turns_on_colocated_vllm(tool_model_path, tmp_path):
     assert_three_turns(json.loads(figures.read_text()))
 
 
-def test_three_turns_on_the_vllm_server(tool_model_path, tmp_path):
-    """The vLLM server engine (completions API, token ids in and out), the same checks: model, tool, model,
-    tool, model segments; prompts are the training sequence so far and samples are kept as sampled; tool
-    segments are the template's continuation; tool tokens have rollout log-prob 0; the server's log-probs of
-    the model tokens equal the trainer's forward within 1e-4 (fp32, after a sync of the weights)."""
+@pytest.fixture(scope="module")
+def server(tool_model_path, tmp_path_factory):
     from conftest import vllm_server
+
+    with vllm_server(tool_model_path, tmp_path_factory.mktemp("server") / "server.log",
+                     max_model_len=MAX_MODEL_LEN) as url:
+        yield url
+
+
+def _server_actor(url: str, path: str):
     from verl_hf.rollout.vllm_server import VLLMServerEngine
 
-    with vllm_server(tool_model_path, tmp_path / "server.log", max_model_len=MAX_MODEL_LEN) as url:
-        actor, tokenizer = _actor(tool_model_path, lambda model, tokenizer, eos: VLLMServerEngine(
-            url, model.config, tokenizer.pad_token_id, eos, max_model_len=MAX_MODEL_LEN))
-        assert_three_turns(three_turns(actor, tokenizer))
+    return _actor(path, lambda model, tokenizer, eos: VLLMServerEngine(
+        url, model.config, tokenizer.pad_token_id, eos, max_model_len=MAX_MODEL_LEN))
+
+
+def test_three_turns_on_the_vllm_server(server, tool_model_path):
+    """The vLLM server engine (completions API, token ids in and out; every sample advances on its own), the
+    same checks: model, tool, model, tool, model segments; prompts are the training sequence so far and samples
+    are kept as sampled; tool segments are the template's continuation; tool tokens have rollout log-prob 0;
+    the server's log-probs of the model tokens equal the trainer's forward within 1e-4 (fp32, after a sync)."""
+    actor, tokenizer = _server_actor(server, tool_model_path)
+    assert_three_turns(three_turns(actor, tokenizer))
+
+
+class SlowFirstAnswerForRowZero:
+    """Answers "again" three times; row 0's first answer takes 2 s (a slow tool), every other answer none."""
+
+    def reset(self, row):
+        self.row, self.turns = row["answer"], 0
+
+    async def step(self, message):
+        import asyncio
+
+        from verl_hf.agent import Step
+
+        self.turns += 1
+        if self.row == 0 and self.turns == 1:
+            await asyncio.sleep(2.0)
+        return Step([{"role": "user", "content": "again"}], done=self.turns == 3)
+
+
+def test_on_the_server_samples_advance_independently(server, tool_model_path):
+    """With the server, a sample waiting for a slow answer holds up no other: one request per sample and turn,
+    and every other conversation has sent its third turn before the slow one sends its second (in step, every
+    second turn would wait the 2 s)."""
+    from agent_model import chat_rows, recorded
+
+    from verl_hf.agent import MultiTurnRollout, Step
+
+    actor, tokenizer = _server_actor(server, tool_model_path)
+    rows = chat_rows(tokenizer, 4)
+    rollout = MultiTurnRollout(SlowFirstAnswerForRowZero, tokenizer, None, max_turns=3, max_tokens=160,
+                               env_timeout_s=30)
+    with recorded(actor.engine) as calls:
+        _, metrics = actor.generate_conversations(rollout, rows, max_new_tokens=16, num_return_sequences=2, seed=0)
+    assert metrics["turns/mean"] == 3.0 and metrics["stop/done"] == 1.0
+    assert all(len(ids) == 1 for ids, _, _ in calls) and len(calls) == 8 * 3
+
+    def sent_by(row: int) -> list[float]:
+        prefix = rows[row]["prompt_ids"]
+        return sorted(t for ids, _, t in calls if ids[0][:len(prefix)] == prefix)
+
+    slow_second = sent_by(0)[2]  # its two samples' first turns come first
+    others_third = [sent_by(row)[-1] for row in (1, 2, 3)]
+    assert max(others_third) < slow_second, (others_third, slow_second)
+
+    class FailsForRowOne(SlowFirstAnswerForRowZero):
+        async def step(self, message):
+            if self.row == 1:
+                raise KeyError("no such state")
+            return Step(done=True)
+
+    failing = MultiTurnRollout(FailsForRowOne, tokenizer, None, max_turns=3, max_tokens=160, env_timeout_s=30)
+    with pytest.raises(RuntimeError, match="environment.step failed on sample 2 of the batch: KeyError"):
+        actor.generate_conversations(failing, rows, max_new_tokens=16, num_return_sequences=2, seed=0)
 
 
 if __name__ == "__main__":  # the colocated engine's own process: argv = the model's path, the figures' file

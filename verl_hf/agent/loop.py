@@ -3,7 +3,9 @@
 Each sample is a conversation. A turn: every unfinished sample's whole sequence so far (its prompt ids, then
 everything after) goes to the engine as a prompt, and the ids it samples are kept as they are (token in,
 token out). Then every sample's environment answers at once (tools and async environments run concurrently
-on the event loop the rewards use), and the answering messages' ids are appended (chat.py). A sample ends
+on the event loop the rewards use), and the answering messages' ids are appended (chat.py). On an engine
+that serves requests concurrently (the vLLM server) each sample plays on its own instead: its turn is a
+request of its own, so no sample waits for another's tools. A sample ends
 when its environment says so (for tools: a turn without a tool call), after `max_turns` turns, when its
 total of `max_tokens` (model and environment tokens together) would be passed, or when a turn reaches the
 sampling's `max_new_tokens` without ending.
@@ -68,10 +70,15 @@ class MultiTurnRollout:
 
     def run(self, engine, rows: list[dict], params: SamplingConfig) -> list[Conversation]:
         """`params.num_return_sequences` conversations per row (adjacent), played to their end. The last
-        allowed turn is answered too (an environment may score it), but nothing is appended after it."""
+        allowed turn is answered too (an environment may score it), but nothing is appended after it. On an
+        engine that `serves_requests_concurrently` (a vLLM server) every sample advances on its own
+        (`play_independently`); otherwise a round's turns are in step: one batched generate call per turn,
+        then every sample's environment at once."""
         n = params.num_return_sequences
         conversations = self.start([row for row in rows for _ in range(n)])
         seeds = None if params.row_seeds is None else [(s, k) for s in params.row_seeds for k in range(n)]
+        if getattr(engine, "serves_requests_concurrently", False):
+            return self.play_independently(engine, conversations, params, seeds)
         for turn in range(self.max_turns):
             active = [i for i, c in enumerate(conversations) if c.stop is None]
             if not active:
@@ -83,6 +90,51 @@ class MultiTurnRollout:
             self.answer_turn([conversations[i] for i in active if conversations[i].stop is None],
                              last=turn + 1 == self.max_turns)
         return conversations
+
+    def play_independently(self, engine, conversations: list[Conversation], params: SamplingConfig,
+                           seeds) -> list[Conversation]:
+        """Every conversation on its own: its turn is a request of its own (the server batches requests as they
+        come), then its environment answers, then its next turn, so a sample waiting for a slow tool holds up
+        no other. Seeds per (sample, turn) as in step: `seeds`, else (params.seed, sample), else none."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def sample_seed(i: int):
+            return seeds[i] if seeds is not None else (None if params.seed is None else (params.seed, i))
+
+        # The bound on a whole sample, so that nothing hangs even if an `async` environment blocks the loop (the
+        # per-step env_timeout_s cannot fire then): every turn's request and answer at their own limits.
+        request_s = getattr(engine, "timeout_s", None)
+        bound = None if None in (request_s, self.env_timeout_s) else self.max_turns * (request_s + self.env_timeout_s)
+        with ThreadPoolExecutor(min(64, len(conversations))) as requests:
+            games = [self._play(engine, c, replace(params, seed=None), sample_seed(c.index), requests)
+                     for c in conversations]
+            results = run_coroutines(games, bound, ["a multi-turn sample"] * len(games),
+                                     setting="max_turns x (vllm_server_timeout_s + env_timeout_s)")
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return conversations
+
+    async def _play(self, engine, c: Conversation, params: SamplingConfig, seed, requests) -> None:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        for turn in range(self.max_turns):
+            turn_seed = None if seed is None else (hash((*seed, turn)) % 2**31,)
+            await loop.run_in_executor(requests, self.sample_turn, engine, [c], params, turn_seed)
+            message = None if c.stop is not None else self._turn_message(c)
+            if message is None:
+                return
+            try:
+                async with asyncio.timeout(self.env_timeout_s):
+                    step = await call_anyhow(c.env.step, (message,), label="env-step")
+            except Exception as exc:  # noqa: BLE001 - the environment's own error, named by its sample
+                what = f"took longer than env_timeout_s={self.env_timeout_s}" if isinstance(exc, TimeoutError) \
+                    else f"{type(exc).__name__}: {exc}"
+                raise RuntimeError(f"environment.step failed on sample {c.index} of the batch: {what}") from exc
+            self._answer(c, message, step, last=turn + 1 == self.max_turns)
+            if c.stop is not None:
+                return
 
     def start(self, rows: list[dict]) -> list[Conversation]:
         """A conversation per row: the messages its environment's reset() opens it with, or else the row's
@@ -135,39 +187,47 @@ class MultiTurnRollout:
                 c.stop = "length" if len(ids) < space else "budget"
 
     def answer_turn(self, waiting: list[Conversation], last: bool = False) -> None:
-        """Every waiting conversation's environment answers its last turn; the answer's ids are appended,
-        except after the `last` allowed turn (then the sample ends at `max_turns`, its reward kept). A turn
-        that ended on another stop token than the template's end of turn (eos_token) ends its sample
-        unanswered ("other_stop"): the template cannot continue it."""
-        for c in waiting:
-            if c.last_turn[-1] != self.tokenizer.eos_token_id:
-                c.stop = "other_stop"
-        waiting = [c for c in waiting if c.stop is None]
-        decode = self.tokenizer.decode
-        turns = [{"role": "assistant", "content": decode(c.last_turn[:-1], skip_special_tokens=False)} for c in waiting]
-        steps = self._all([(c.env.step, (turn,)) for c, turn in zip(waiting, turns)], "step", [c.index for c in waiting])
-        for c, turn, step in zip(waiting, turns, steps):
-            if not isinstance(step, Step):
-                raise TypeError(f"environment.step returned a {type(step).__name__}, not a verl_hf.agent.Step.")
-            if step.reward is not None:
-                c.rewards[len(c.ids) - 1] = float(step.reward)
-            before, c.statuses = c.messages, c.statuses + list(step.statuses)
-            # The reward functions' `messages` hold the environment's last reply even when no turn follows it.
-            c.messages = [*before, turn, *step.messages]
-            if step.done or last:
-                c.stop = "done" if step.done else "max_turns"
-                continue
-            try:
-                suffix = continuation_ids(self.tokenizer, before, c.last_turn, step.messages, self.tools_schema)
-            except ChatTemplateError as exc:  # this turn's text: the template's check at start-up passed
-                logger.warning("multi-turn: a sample ends early, its continuation failed: %s", exc)
-                c.stop = "template"
-                continue
-            if len(c.ids) + len(suffix) >= self.max_tokens:  # no room left for another turn
-                c.stop = "budget"
-                continue
-            c.ids, c.from_model = c.ids + suffix, c.from_model + [0] * len(suffix)
-            c.logprobs += [0.0] * len(suffix)
+        """Every waiting conversation's environment answers its last turn (all at once, concurrently)."""
+        messages = [self._turn_message(c) for c in waiting]
+        waiting, messages = [c for c, m in zip(waiting, messages) if m], [m for m in messages if m]
+        steps = self._all([(c.env.step, (m,)) for c, m in zip(waiting, messages)], "step", [c.index for c in waiting])
+        for c, message, step in zip(waiting, messages, steps):
+            self._answer(c, message, step, last)
+
+    def _turn_message(self, c: Conversation) -> dict | None:
+        """The model's last turn as the assistant message its environment reads; None, and the sample ends
+        unanswered ("other_stop"), for a turn that ended on another stop token than the template's end of turn
+        (eos_token): the template cannot continue it."""
+        if c.last_turn[-1] != self.tokenizer.eos_token_id:
+            c.stop = "other_stop"
+            return None
+        return {"role": "assistant", "content": self.tokenizer.decode(c.last_turn[:-1], skip_special_tokens=False)}
+
+    def _answer(self, c: Conversation, turn: dict, step, last: bool) -> None:
+        """The environment's `step` for the conversation's last `turn`: its reward on the turn's last token, its
+        messages appended (their ids as the template's continuation), except after the `last` allowed turn
+        (then the sample ends at `max_turns`, its reward kept)."""
+        if not isinstance(step, Step):
+            raise TypeError(f"environment.step returned a {type(step).__name__}, not a verl_hf.agent.Step.")
+        if step.reward is not None:
+            c.rewards[len(c.ids) - 1] = float(step.reward)
+        before, c.statuses = c.messages, c.statuses + list(step.statuses)
+        # The reward functions' `messages` hold the environment's last reply even when no turn follows it.
+        c.messages = [*before, turn, *step.messages]
+        if step.done or last:
+            c.stop = "done" if step.done else "max_turns"
+            return
+        try:
+            suffix = continuation_ids(self.tokenizer, before, c.last_turn, step.messages, self.tools_schema)
+        except ChatTemplateError as exc:  # this turn's text: the template's check at start-up passed
+            logger.warning("multi-turn: a sample ends early, its continuation failed: %s", exc)
+            c.stop = "template"
+            return
+        if len(c.ids) + len(suffix) >= self.max_tokens:  # no room left for another turn
+            c.stop = "budget"
+            return
+        c.ids, c.from_model = c.ids + suffix, c.from_model + [0] * len(suffix)
+        c.logprobs += [0.0] * len(suffix)
 
     def _all(self, calls: list[tuple], what: str, indices) -> list:
         """Each (method, args)'s result, run concurrently (sync methods each in a thread of their own); an

@@ -73,6 +73,10 @@ class RolloutEngine(abc.ABC):
     shared_by_processes: bool = False
     """True: one engine serves every training process (e.g. a vLLM server); process 0 alone pushes weights."""
 
+    serves_requests_concurrently: bool = False
+    """True: `generate` may be called from many threads at once, each call's prompts sampled as they arrive
+    (a server batches them itself); multi-turn samples then advance independently (verl_hf/agent/loop.py)."""
+
     returns_routes: bool = False
     """True: `generate` with `return_routes` fills the Rollout's MoE routes (for routing replay)."""
 

@@ -37,6 +37,7 @@ NEUTRAL_SAMPLING = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequen
 class VLLMServerEngine(RolloutEngine):
     receives_weights = True
     shared_by_processes = True  # one server for all training processes: process 0 alone pushes weights
+    serves_requests_concurrently = True  # each call is HTTP requests of its own; the server batches them
 
     def __init__(self, url: str, config, pad_token_id: int, eos_token_ids: list[int], *, max_model_len: int,
                  timeout_s: float = 600.0):
