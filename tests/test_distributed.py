@@ -46,11 +46,13 @@ EXTRA = {
 MODEL_BYTES = 535_936 * 4  # the demo model's parameters (tied embedding counted once), fp32
 
 
-def _run(tmp_path, launcher: list[str], out: Path, flags: list[str], env_extra: dict | None = None) -> None:
+def _run(tmp_path, launcher: list[str], out: Path, flags: list[str], env_extra: dict | None = None,
+         config: str = "demo.yaml") -> None:
+    """`config` (in examples/configs/) trained under `launcher`, with `flags` on top."""
     script = tmp_path / "run.py"
     script.write_text(SCRIPT)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **(env_extra or {})}
-    cmd = [sys.executable, *launcher, str(script), str(REPO / "examples/configs/demo.yaml"), "--output_dir", str(out),
+    cmd = [sys.executable, *launcher, str(script), str(REPO / "examples/configs" / config), "--output_dir", str(out),
            "--per_device_eval_batch_size", "64", "--logging_steps", "1", "--bf16", "false", *flags]  # fp32: compared exactly
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     noise = ("FutureWarning", "return func(", "RL: ", "Loading weights")

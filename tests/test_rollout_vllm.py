@@ -99,3 +99,30 @@ def test_vllm_under_two_processes_tensor_parallel_1_and_2(tmp_path):
             assert rank0[key] == rank1[key], (tp, key)
     for key in ("accuracy_after", "reward_first", "reward_last"):
         assert runs[2][0][key] == pytest.approx(runs[1][0][key], abs=1e-6), key
+
+
+def test_multi_turn_under_tensor_parallel_2_trains_like_tensor_parallel_1(tmp_path):
+    """The tool demo through colocated vLLM under 2 processes: TP=2 under ZeRO-3 (the ranks' conversations end
+    after different numbers of turns, and each turn asks for its own lengths; every rank still calls the
+    engine every turn, with its own sampling per request) trains exactly as TP=1 under DDP with per-prompt
+    seeds, and both ranks agree."""
+    from test_distributed import MODES, _run, _two_processes
+
+    runs, logs = {}, {}
+    for tp, mode in ((1, "ddp"), (2, "zero3")):
+        out = tmp_path / f"tp{tp}"
+        _run(tmp_path, _two_processes(MODES[mode]), out,
+             ["--max_steps", "2", "--eval_steps", "2", "--per_device_train_batch_size", "32", "--use_cpu", "false",
+              "--rollout_engine", "vllm", "--rollout_tensor_parallel_size", str(tp), "--rollout_seed_per_prompt",
+              "true", "--vllm_max_model_len", "160"], {"ACCELERATE_USE_CPU": "true"} if mode == "ddp" else {},
+             config="tools.yaml")
+        runs[tp] = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+        logs[tp] = [h for h in json.loads((out / "log_history.json").read_text()) if "loss" in h]
+    for tp, (rank0, rank1) in runs.items():
+        assert rank0["steps"] == 2 and all(h["tool_calls/mean"] > 0 and h["turns/mean"] > 1 for h in logs[tp])
+        for key in ("accuracy_after", "reward_first", "reward_last"):
+            assert rank0[key] == rank1[key], (tp, key)
+    for key in ("accuracy_before", "accuracy_after", "reward_first", "reward_last"):
+        assert runs[2][0][key] == pytest.approx(runs[1][0][key], abs=1e-6), key
+    for key in ("loss", "turns/mean", "tool_calls/mean", "env_tokens/frac"):
+        assert [h[key] for h in logs[2]] == pytest.approx([h[key] for h in logs[1]], abs=1e-6), key

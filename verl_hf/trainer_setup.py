@@ -89,10 +89,6 @@ def make_multi_turn(args: VerlConfig, tools, environment, tokenizer):
     if args.routing_replay:
         raise ValueError("routing_replay does not support multi-turn rollouts yet (the environment's tokens have no "
                          "recorded routes); drop one of them.")
-    if args.rollout_engine == "vllm" and args.rollout_tensor_parallel_size > 1:
-        raise ValueError("multi-turn rollouts with rollout_tensor_parallel_size > 1 are not supported yet: the ranks "
-                         "of a tensor-parallel engine generate together, and their conversations end after "
-                         "different numbers of turns. Use rollout_tensor_parallel_size=1 or the vLLM server.")
     tool_map = as_tools(specs)
     schemas = [t.schema for t in tool_map.values()] or None
     tool_call_parser(args.tool_call_parser)

@@ -79,9 +79,10 @@ class MultiTurnRollout:
         seeds = None if params.row_seeds is None else [(s, k) for s in params.row_seeds for k in range(n)]
         if getattr(engine, "serves_requests_concurrently", False):
             return self.play_independently(engine, conversations, params, seeds)
+        collective = getattr(engine, "calls_are_collective", False)  # then every turn calls it, maybe with nothing
         for turn in range(self.max_turns):
             active = [i for i, c in enumerate(conversations) if c.stop is None]
-            if not active:
+            if not active and not collective:
                 break
             # Every (prompt seed, sample, turn) its own seed, within vLLM's and torch's range.
             turn_seeds = None if seeds is None else tuple(hash((*seeds[i], turn)) % 2**31 for i in active)
@@ -171,7 +172,7 @@ class MultiTurnRollout:
     def sample_turn(self, engine, active: list[Conversation], params: SamplingConfig, seeds) -> None:
         """One turn of the model for every conversation in `active`, appended as sampled."""
         room = [self.max_tokens - len(c.ids) for c in active]
-        cap = min(params.max_new_tokens, self.turn_length or params.max_new_tokens, max(room))
+        cap = min(params.max_new_tokens, self.turn_length or params.max_new_tokens, max(room, default=1))
         turn = replace(params, max_new_tokens=cap, num_return_sequences=1,
                        row_seeds=seeds, return_logprobs=True, return_routes=False)
         out = engine.generate([c.prompt_ids + c.ids for c in active], turn)

@@ -73,6 +73,11 @@ class RolloutEngine(abc.ABC):
     shared_by_processes: bool = False
     """True: one engine serves every training process (e.g. a vLLM server); process 0 alone pushes weights."""
 
+    calls_are_collective: bool = False
+    """True: every process of a group must call `generate` equally often (a tensor-parallel colocated vLLM
+    samples the group's prompts together); multi-turn rollouts then call it every turn, with no prompts once a
+    process's conversations have all ended (it returns an empty Rollout)."""
+
     serves_requests_concurrently: bool = False
     """True: `generate` may be called from many threads at once, each call's prompts sampled as they arrive
     (a server batches them itself); multi-turn samples then advance independently (verl_hf/agent/loop.py)."""

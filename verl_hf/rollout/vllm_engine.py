@@ -103,6 +103,7 @@ class VLLMEngine(RolloutEngine):
         self._tied = tied_copies_engine_has(tied, set(self.llm.collective_rpc(parameter_names)[0])) if tied else {}
         self.llm.collective_rpc(check_cpu_moe_reloadable_in_worker)
         self._tp_group = _tensor_parallel_group(tensor_parallel_size) if tensor_parallel_size > 1 else None
+        self.calls_are_collective = self._tp_group is not None
 
     # ---------------------------------------------------------------- weights
     def weight_names(self) -> list[str]:
@@ -145,12 +146,16 @@ class VLLMEngine(RolloutEngine):
 
         n = params.num_return_sequences
         base = dict(sampling_fields(params, self.eos_token_ids), detokenize=False)
-        seeds = request_seeds(params, len(prompt_ids))
+        requests = [(p, dict(base, seed=s)) for p, s in zip(prompt_ids, request_seeds(params, len(prompt_ids)))]
         own = (0, len(prompt_ids))
         if self._tp_group is not None:  # every rank of a tensor-parallel group runs the same requests
-            prompt_ids, seeds, own = _gather_in_group(prompt_ids, list(seeds), self._tp_group)
-        sampling = [SamplingParams(**base, seed=s) for s in seeds]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], sampling, use_tqdm=False)
+            requests, own = _gather_in_group(requests, self._tp_group)  # each with its own rank's sampling
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p, _ in requests],
+                                    [SamplingParams(**fields) for _, fields in requests], use_tqdm=False) \
+            if requests else []
+        if own[0] == own[1]:  # this rank had nothing to sample (multi-turn: all its conversations ended)
+            return empty_rollout(params.return_logprobs)
+        prompt_ids = [p for p, _ in requests]
         completions = [c for out in outputs[own[0] : own[1]] for c in out.outputs]
         logprobs = ([[step[token].logprob for step, token in zip(c.logprobs, c.token_ids)] for c in completions]
                     if params.return_logprobs else None)
@@ -282,12 +287,19 @@ def _tensor_parallel_group(size: int):
     return mine
 
 
-def _gather_in_group(prompt_ids, seeds, group):
-    """(all prompts of the group, their seeds, (first, end) of this rank's own prompts in them)."""
+def _gather_in_group(requests: list[tuple], group) -> tuple[list[tuple], tuple[int, int]]:
+    """(every (prompt, sampling fields) request of the group, (first, end) of this rank's own in them). Each
+    request keeps its own rank's sampling: multi-turn ranks ask for different lengths in the same turn."""
     import torch.distributed as dist
 
     parts = [None] * dist.get_world_size(group=group)
-    dist.all_gather_object(parts, (prompt_ids, seeds), group=group)
-    local = dist.get_rank(group=group)
-    first = sum(len(p) for p, _ in parts[:local])
-    return [x for p, _ in parts for x in p], [x for _, s in parts for x in s], (first, first + len(prompt_ids))
+    dist.all_gather_object(parts, requests, group=group)
+    first = sum(len(p) for p in parts[:dist.get_rank(group=group)])
+    return [r for part in parts for r in part], (first, first + len(requests))
+
+
+def empty_rollout(with_logprobs: bool) -> Rollout:
+    """The Rollout of no prompts (a collective call a process joins with nothing to sample)."""
+    nothing = torch.zeros((0, 1), dtype=torch.long)
+    return Rollout(nothing, nothing, nothing, nothing, torch.zeros(0, dtype=torch.bool),
+                   torch.zeros((0, 1)) if with_logprobs else None)
