@@ -32,8 +32,13 @@ def continuation_ids(tokenizer, messages: list[dict], turn_ids: list[int], new_m
     content = tokenizer.decode(turn_ids[:-1], skip_special_tokens=False)
     end_of_turn = tokenizer.decode(turn_ids[-1:], skip_special_tokens=False)
     turn = {"role": "assistant", "content": content}
-    answered = render(tokenizer, [*messages, turn], tools, add_generation_prompt=False)
-    following = render(tokenizer, [*messages, turn, *new_messages], tools, add_generation_prompt=True)
+    try:
+        answered = render(tokenizer, [*messages, turn], tools, add_generation_prompt=False)
+        following = render(tokenizer, [*messages, turn, *new_messages], tools, add_generation_prompt=True)
+    except Exception as exc:  # jinja's own errors (roles that must alternate, a role it has no turn for)
+        roles = [m.get("role") for m in new_messages]
+        raise ChatTemplateError(f"the chat template cannot render the reply {roles} after an assistant turn "
+                                f"({type(exc).__name__}: {exc}).") from exc
     if not following.startswith(answered):
         raise ChatTemplateError(_mismatch("the conversation before the new messages", answered, following))
     closing = answered.rfind(end_of_turn)
@@ -48,10 +53,12 @@ def continuation_ids(tokenizer, messages: list[dict], turn_ids: list[int], new_m
 def _mismatch(what: str, expected_prefix: str, rendered: str) -> str:
     at = next((i for i, (a, b) in enumerate(zip(expected_prefix, rendered)) if a != b),
               min(len(expected_prefix), len(rendered)))
+    start = max(at - 20, 0)  # a little of what they share, so the snippets start where a reader can place them
     return (f"the chat template cannot be extended turn by turn: its rendering does not start with {what} "
-            f"(they differ at character {at}: expected {expected_prefix[at:at + 40]!r}, got "
-            f"{rendered[at:at + 40]!r}). Multi-turn training keeps the sampled ids, so the template must never "
-            f"rewrite earlier turns (templates that drop earlier reasoning, e.g. Qwen3's <think>, do); pass a "
+            f"(they differ at character {at}, after {expected_prefix[start:at]!r}: expected "
+            f"{expected_prefix[at:at + 40]!r}, got {rendered[at:at + 40]!r}). Multi-turn training keeps the "
+            f"sampled ids, so the template must render earlier turns the same whatever follows them (Qwen3's "
+            f"adds an empty <think> block to the last assistant turn only, and drops earlier reasoning); pass a "
             f"tokenizer with such a template.")
 
 
@@ -76,9 +83,11 @@ def check_extendable(tokenizer, tools: list[dict] | None = None) -> None:
                                         f"Use a tokenizer whose template renders `tools` (Qwen2.5, Llama 3.1, "
                                         f"Hermes, ...).")
         continuation_ids(tokenizer, messages, turn, reply, tools)
-    except ChatTemplateError:
-        raise
-    except Exception as exc:  # jinja's own errors (e.g. roles that must alternate)
-        raise ChatTemplateError(f"the chat template cannot render a multi-turn conversation ({type(exc).__name__}: "
-                                f"{exc}); tried a user message, an assistant turn and a {reply[0]['role']!r} "
-                                f"reply.") from exc
+    except Exception as exc:
+        cause = exc.__cause__ if isinstance(exc, ChatTemplateError) else exc
+        if isinstance(exc, ChatTemplateError) and cause is None:  # our own finding, already says what and why
+            raise
+        # jinja's own errors (e.g. roles that must alternate, tool messages without the ids some templates want)
+        raise ChatTemplateError(f"the chat template cannot render a multi-turn conversation ({type(cause).__name__}: "
+                                f"{cause}); tried a user message, an assistant turn and a {reply[0]['role']!r} "
+                                f"reply.") from cause

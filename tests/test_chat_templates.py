@@ -1,0 +1,284 @@
+"""Token in, token out against the real chat templates of popular models (tests/chat_templates/*.jinja, each
+naming its source on its first line): which of them `check_extendable` accepts or refuses (and with what
+message), and, for the accepted ones, that a conversation built by the multi-turn loop's rule (the prompt's
+ids from the template, each assistant turn's ids as sampled followed by its end-of-turn token, then
+`continuation_ids` for the reply) is token for token the tokenization of the template's rendering of the
+whole conversation, or, where a template renders a turn otherwise than it was sampled, exactly what holds.
+
+The tokenizers are small byte-level BPEs trained here (no model, no Hub) with each template's control tokens
+as special tokens, eos_token its end-of-turn token and a distinct pad token. They split text before BPE with
+the pre-tokenizer regex of Llama 3 / Qwen2's tokenizers (runs of newlines are one piece, as in those models),
+so that a turn tokenized on its own splits as it does inside the rendered conversation.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from verl_hf.agent import ChatTemplateError, as_tools, check_extendable, continuation_ids  # noqa: E402
+from verl_hf.agent.chat import render  # noqa: E402
+from verl_hf.data import tokenize_prompt  # noqa: E402
+
+TEMPLATES = Path(__file__).parent / "chat_templates"
+SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+         r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# name -> special tokens (in id order), bos, eos (the template's end of an assistant turn), pad
+SPECS = {
+    "qwen2_5_instruct": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], None, "<|im_end|>", "<|endoftext|>"),
+    "qwen3": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], None, "<|im_end|>", "<|endoftext|>"),
+    "llama3_1_instruct": (["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                           "<|eot_id|>", "<|eom_id|>", "<|python_tag|>", "<|finetune_right_pad_id|>"],
+                          "<|begin_of_text|>", "<|eot_id|>", "<|finetune_right_pad_id|>"),
+    "mistral_7b_instruct_v0_3": (["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
+                                  "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "<pad>"],
+                                 "<s>", "</s>", "<pad>"),
+    "gemma2_it": (["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"], "<bos>", "<end_of_turn>", "<pad>"),
+    "gemma3_it": (["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>"],
+                  "<bos>", "<end_of_turn>", "<pad>"),
+}
+# What the template renders after the end-of-turn token of the conversation's last turn (not in the sampled ids).
+TAIL = {"qwen2_5_instruct": "\n", "llama3_1_instruct": "", "mistral_7b_instruct_v0_3": "", "gemma2_it": "\n",
+        "gemma3_it": "\n"}
+# Mistral v0.3 renders an assistant message as " " + content: the model samples that space as the start of its
+# turn (SentencePiece's "▁" of its first token), so a turn's text is " " + the message content.
+SEPARATOR = {"mistral_7b_instruct_v0_3": " "}
+CORPUS = ["What is 12 times 34? I will work it out. 12 times 34 is 408. And 408 plus 1? 409.",
+          '<tool_call>\n{"name": "multiply", "arguments": {"a": 12, "b": 34}}\n</tool_call>',
+          '{"name": "multiply", "parameters": {"a": 12, "b": 34}}', "<tool_response>\n408\n</tool_response>",
+          "system\n\nuser\n\nassistant\n\nipython\n\nmodel\n\n" * 4, "Cutting Knowledge Date: December 2023\n"
+          "Today Date: 26 Jul 2024\n\n", "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",
+          "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"]
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers.
+
+    Args:
+        a: The first factor.
+        b: The second factor.
+    """
+    return a * b
+
+
+TOOLS = [t.schema for t in as_tools([multiply]).values()]
+QUESTION = [{"role": "user", "content": "What is 12 times 34?"}]
+
+
+@functools.cache
+def build(name: str):
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials, bos, eos, pad = SPECS[name]
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(SPLIT), behavior="isolated"),
+                                                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=500, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator(CORPUS, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=bos, eos_token=eos, pad_token=pad)
+    tokenizer.chat_template = (TEMPLATES / f"{name}.jinja").read_text()
+    assert tokenizer.pad_token_id != tokenizer.eos_token_id
+    return tokenizer
+
+
+def ids_of(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False).input_ids
+
+
+def decode(tokenizer, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def rollout(tokenizer, prompt: list[dict], texts: list[str], replies: list[list[dict]], tools=None):
+    """The multi-turn loop's sequence: the prompt's ids, then per turn its sampled ids (`texts` tokenized) and its
+    end-of-turn token, then (except after the last turn) `continuation_ids` for that turn's reply. Also returns
+    the conversation as the loop records it (each turn's text decoded from its ids)."""
+    ids, messages = tokenize_prompt(tokenizer, prompt, tools), list(prompt)
+    for i, text in enumerate(texts):
+        turn = ids_of(tokenizer, text) + [tokenizer.eos_token_id]
+        ids += turn
+        answer = replies[i] if i < len(replies) else []
+        if answer:
+            ids += continuation_ids(tokenizer, messages, turn, answer, tools)
+        messages += [{"role": "assistant", "content": decode(tokenizer, turn[:-1])}, *answer]
+    return ids, messages
+
+
+def conversation(prompt: list[dict], contents: list[str], replies: list[list[dict]]) -> list[dict]:
+    """The messages with each assistant turn's content as the template renders it."""
+    messages = list(prompt)
+    for i, content in enumerate(contents):
+        messages += [{"role": "assistant", "content": content}, *(replies[i] if i < len(replies) else [])]
+    return messages
+
+
+TOOL_REPLY = [{"role": "tool", "name": "multiply", "content": "408"}]
+USER_REPLY = [{"role": "user", "content": "And 408 plus 1?"}]
+SECOND_USER_REPLY = [{"role": "user", "content": "Sure?"}]
+TOOL_CALL = {"qwen2_5_instruct": '<tool_call>\n{"name": "multiply", "arguments": {"a": 12, "b": 34}}\n</tool_call>',
+             "llama3_1_instruct": '{"name": "multiply", "parameters": {"a": 12, "b": 34}}'}
+# (template, with tools): the accepted ones. With tools: a tool call, the tool's reply, an answer, a user's reply,
+# a last answer. Without: three answers, each but the last followed by a user's reply.
+ACCEPTED = [("qwen2_5_instruct", True), ("qwen2_5_instruct", False), ("llama3_1_instruct", True),
+            ("llama3_1_instruct", False), ("mistral_7b_instruct_v0_3", False), ("gemma2_it", False),
+            ("gemma3_it", False)]
+
+
+def case(name: str, with_tools: bool):
+    if with_tools:
+        return [TOOL_CALL[name], "12 times 34 is 408.", "409."], [TOOL_REPLY, USER_REPLY], TOOLS
+    return ["I will work it out.", "12 times 34 is 408.", "409."], [USER_REPLY, SECOND_USER_REPLY], None
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_each_template_names_its_source_and_the_comment_renders_to_nothing(name):
+    text = (TEMPLATES / f"{name}.jinja").read_text()
+    first, body = text.split("\n", 1)
+    assert re.fullmatch(r"\{# source: https://github\.com/\S+/blob/[0-9a-f]{40}/\S+( \(\w+\))? #\}", first), first
+    tokenizer = build(name)
+    messages = conversation(QUESTION, ["I will work it out."], [USER_REPLY])
+    with_comment = render(tokenizer, messages, None, add_generation_prompt=True)
+    tokenizer.chat_template = body
+    try:
+        assert render(tokenizer, messages, None, add_generation_prompt=True) == with_comment
+    finally:
+        tokenizer.chat_template = text
+
+
+@pytest.mark.parametrize("name,with_tools", ACCEPTED)
+def test_check_extendable_accepts(name, with_tools):
+    check_extendable(build(name), TOOLS if with_tools else None)
+
+
+@pytest.mark.parametrize("name,with_tools", ACCEPTED)
+def test_loop_sequence_is_the_tokenized_rendering_of_the_conversation(name, with_tools):
+    """Token for token: the loop's ids are the tokenization of the template's rendering of the whole
+    conversation, up to the last turn's end-of-turn token (what the template renders after it is TAIL)."""
+    tokenizer = build(name)
+    contents, replies, tools = case(name, with_tools)
+    separator = SEPARATOR.get(name, "")
+    ids, _ = rollout(tokenizer, QUESTION, [separator + c for c in contents], replies, tools)
+    full = render(tokenizer, conversation(QUESTION, contents, replies), tools, add_generation_prompt=False)
+    full_ids = ids_of(tokenizer, full)
+    assert full_ids[:len(ids)] == ids
+    assert decode(tokenizer, full_ids[len(ids):]) == TAIL[name]
+    assert decode(tokenizer, ids) + TAIL[name] == full
+    assert ids.count(tokenizer.eos_token_id) >= len(contents)
+
+
+@pytest.mark.parametrize("name", ["qwen2_5_instruct", "llama3_1_instruct", "mistral_7b_instruct_v0_3", "gemma2_it",
+                                  "gemma3_it"])
+def test_turns_the_template_trims_are_kept_as_sampled(name):
+    """Turns with surrounding spaces: the loop's sequence is the template's rendering with each turn's text as
+    sampled in place of the template's rendering of it (Llama 3.1 and Gemma trim a turn, Qwen2.5 and this
+    Mistral copy don't), and the continuation after a turn does not depend on its text. Re-rendering the
+    conversation the loop records (turns decoded from their ids) reproduces the sequence only for Qwen2.5:
+    Llama and Gemma trim the turns, Mistral adds its separator space to the one the model sampled."""
+    tokenizer = build(name)
+    separator = SEPARATOR.get(name, "")
+    sampled = [separator + " I will work it out. ", separator + "\n12 times 34 is 408.\n", separator + " 409. "]
+    replies = [USER_REPLY, SECOND_USER_REPLY]
+    ids, recorded = rollout(tokenizer, QUESTION, sampled, replies)
+    marks = [f"@@{i}@@" for i in range(len(sampled))]
+    expected = render(tokenizer, conversation(QUESTION, marks, replies), None, add_generation_prompt=False)
+    for mark, text in zip(marks, sampled):
+        expected = expected.replace(separator + mark, text)
+    assert decode(tokenizer, ids) + TAIL[name] == expected
+    clean, _ = rollout(tokenizer, QUESTION, [separator + "I will work it out."], [USER_REPLY])
+    turn = ids_of(tokenizer, sampled[0]) + [tokenizer.eos_token_id]
+    after_padded = continuation_ids(tokenizer, QUESTION, turn, USER_REPLY)
+    assert clean[-len(after_padded):] == after_padded
+    rerendered = render(tokenizer, recorded, None, add_generation_prompt=False)
+    assert (rerendered == decode(tokenizer, ids) + TAIL[name]) == (name == "qwen2_5_instruct")
+
+
+def test_qwen2_5_tool_reply_is_a_tool_response_user_turn():
+    tokenizer = build("qwen2_5_instruct")
+    turn = ids_of(tokenizer, TOOL_CALL["qwen2_5_instruct"]) + [tokenizer.eos_token_id]
+    ids = continuation_ids(tokenizer, QUESTION, turn, TOOL_REPLY, TOOLS)
+    assert decode(tokenizer, ids) == ("\n<|im_start|>user\n<tool_response>\n408\n</tool_response><|im_end|>\n"
+                                      "<|im_start|>assistant\n")
+    assert "multiply" in decode(tokenizer, tokenize_prompt(tokenizer, QUESTION, TOOLS))
+
+
+def test_llama3_1_tool_and_ipython_replies_are_ipython_turns():
+    """Llama 3.1 renders a `tool` or an `ipython` message as an ipython turn, its string content as JSON (the
+    template's `content is iterable` holds for strings too), and puts the tools in the first user turn."""
+    tokenizer = build("llama3_1_instruct")
+    turn = ids_of(tokenizer, TOOL_CALL["llama3_1_instruct"]) + [tokenizer.eos_token_id]
+    as_tool = continuation_ids(tokenizer, QUESTION, turn, TOOL_REPLY, TOOLS)
+    as_ipython = continuation_ids(tokenizer, QUESTION, turn, [{"role": "ipython", "content": "408"}], TOOLS)
+    assert as_tool == as_ipython
+    assert decode(tokenizer, as_tool) == ('<|start_header_id|>ipython<|end_header_id|>\n\n"408"<|eot_id|>'
+                                          "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    prompt = decode(tokenizer, tokenize_prompt(tokenizer, QUESTION, TOOLS))
+    assert prompt.startswith("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n")
+    assert '"name": "multiply"' in prompt.split("<|start_header_id|>user<|end_header_id|>")[1]
+
+
+@pytest.mark.parametrize("with_tools", [True, False])
+def test_qwen3_is_refused_it_adds_an_empty_think_block_to_the_last_turn_only(with_tools):
+    """Qwen3's template renders the last assistant turn after the last user query with '<think>\\n\\n</think>\\n\\n'
+    before it even when the model wrote no reasoning, and the same turn without it once a message follows: not
+    prefix-stable for turns without <think>, with a tool reply as with a user reply."""
+    with pytest.raises(ChatTemplateError, match="cannot be extended turn by turn") as refused:
+        check_extendable(build("qwen3"), TOOLS if with_tools else None)
+    message = str(refused.value)
+    assert ("expected '<think>\\n\\n</think>\\n\\n I will work it out. ', got ' I will work it out. <|im_end|>"
+            in message)
+    assert "Qwen3's adds an empty <think> block to the last assistant turn only" in message
+
+
+def test_qwen3_turns_with_reasoning_extend_by_tool_replies_not_by_user_replies():
+    """What does hold for Qwen3: a turn that opens with its <think> block renders as sampled while only tool
+    replies follow it (the sequence is the tokenized rendering), but a user's reply drops its reasoning."""
+    tokenizer = build("qwen3")
+    first = "<think>\nI multiply.\n</think>\n\n" + TOOL_CALL["qwen2_5_instruct"]
+    second = "<think>\nThe tool says 408.\n</think>\n\n12 times 34 is 408."
+    ids, _ = rollout(tokenizer, QUESTION, [first, second], [TOOL_REPLY], TOOLS)
+    full = render(tokenizer, conversation(QUESTION, [first, second], [TOOL_REPLY]), TOOLS, add_generation_prompt=False)
+    assert ids_of(tokenizer, full) == ids + ids_of(tokenizer, "\n")
+    turn = ids_of(tokenizer, first) + [tokenizer.eos_token_id]
+    with pytest.raises(ChatTemplateError, match=r"expected '[^']*I multiply\.\\n</think>\\n\\n<tool_call>"):
+        continuation_ids(tokenizer, QUESTION, turn, USER_REPLY, TOOLS)
+
+
+def test_mistral_v0_3_with_tools_is_refused_its_tool_results_need_a_tool_call_id():
+    """Mistral v0.3 renders a tool result only with a 9-character `tool_call_id`, which the tool environment's
+    messages don't carry: refused at start-up with the template's own error. With an id, a tool reply would
+    extend the conversation; a user's reply never does, the tools move to the last user message."""
+    tokenizer = build("mistral_7b_instruct_v0_3")
+    with pytest.raises(ChatTemplateError,
+                       match="Tool call IDs should be alphanumeric strings with length 9!") as refused:
+        check_extendable(tokenizer, TOOLS)
+    assert "tried a user message, an assistant turn and a 'tool' reply" in str(refused.value)
+    turn = ids_of(tokenizer, " [TOOL_CALLS] call it") + [tokenizer.eos_token_id]
+    with_id = [{"role": "tool", "name": "multiply", "content": "408", "tool_call_id": "call00001"}]
+    assert decode(tokenizer, continuation_ids(tokenizer, QUESTION, turn, with_id, TOOLS)) == (
+        '[TOOL_RESULTS] {"content": 408, "call_id": "call00001"}[/TOOL_RESULTS]')
+    with pytest.raises(ChatTemplateError, match=r"expected 'AVAILABLE_TOOLS\] \[.*got 'INST\] What is 12 times 34\?"):
+        continuation_ids(tokenizer, QUESTION, turn, USER_REPLY, TOOLS)
+
+
+@pytest.mark.parametrize("name", ["gemma2_it", "gemma3_it"])
+def test_gemma_refuses_tools_and_renders_no_tool_turn(name):
+    """Gemma's templates show no tools and raise on any role but alternating user/model: tools= is refused at
+    start-up; without tools, user replies work (test_loop_sequence_...), a `tool` reply does not render."""
+    tokenizer = build(name)
+    with pytest.raises(ChatTemplateError, match=re.escape("the chat template ignores tools=: the model would never "
+                                                          "see ['multiply']")):
+        check_extendable(tokenizer, TOOLS)
+    turn = ids_of(tokenizer, "I will work it out.") + [tokenizer.eos_token_id]
+    assert decode(tokenizer, continuation_ids(tokenizer, QUESTION, turn, USER_REPLY)) == (
+        "\n<start_of_turn>user\nAnd 408 plus 1?<end_of_turn>\n<start_of_turn>model\n")
+    with pytest.raises(Exception, match="Conversation roles must alternate"):
+        continuation_ids(tokenizer, QUESTION, turn, TOOL_REPLY)
