@@ -56,13 +56,14 @@ def _training_rows(tokenizer, num: int, seed: int):
     return rows
 
 
-def build_tool_model(directory: Path, steps: int = 60) -> str:
-    """Train and save the model and its tokenizer under directory/tool_llama; returns the path."""
+def build_tool_model(directory: Path, steps: int = 60, architecture: str = "llama") -> str:
+    """Train and save a tiny model of `architecture` (tests/architectures.py) and its tokenizer under
+    directory/<architecture>; returns the path."""
     from transformers import AutoModelForCausalLM
 
     tokenizer = build_tokenizer()
     tokenizer.chat_template = CHATML_TOOLS
-    path = Path(build("llama", directory, tokenizer))
+    path = Path(build(architecture, directory, tokenizer))
     model = AutoModelForCausalLM.from_pretrained(path)
     rows = _training_rows(tokenizer, 256, seed=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -193,14 +194,22 @@ def _conversation(batch, row: int, data_row: dict, calls: list, tokenizer) -> di
     return dict(segments=[model for model, _ in runs], sent=sent, sampled=sampled, tool=tool, turns_end_in_eos=ends)
 
 
-def assert_three_turns(figures: dict) -> None:
+def assert_three_turns(figures: dict, every_sample: bool = True) -> None:
+    """Every conversation ran three turns and each turn is token in, token out (see `_conversation`); the
+    tool tokens have log-prob 0 and the model's equal the trainer's within 1e-4. Without `every_sample` (a
+    model that sometimes runs on to its turn's token limit) a conversation may stop early, ending in an
+    unfinished turn, but most reach three turns and every turn that happened holds the same checks."""
     metrics = figures["metrics"]
-    # the last turn is answered too (its calls run, an environment may score it), with nothing appended after it
-    assert metrics["turns/mean"] == 3.0 and metrics["stop/max_turns"] == 1.0 and metrics["tool_calls/mean"] == 3.0, \
-        metrics
+    if every_sample:  # the last turn is answered too (its calls run), with nothing appended after it
+        assert metrics["turns/mean"] == 3.0 and metrics["stop/max_turns"] == 1.0 and \
+            metrics["tool_calls/mean"] == 3.0, metrics
+    else:
+        assert metrics["stop/max_turns"] >= 0.5 and metrics["stop/max_turns"] + metrics["stop/length"] == 1.0, metrics
     for c in figures["conversations"]:
-        assert c["segments"] == [1, 0, 1, 0, 1], c  # model, tool, model, tool, model
-        assert all(c["turns_end_in_eos"]) and all(c["sent"]) and all(c["sampled"]), c
-        assert len(c["tool"]) == 2 and all(c["tool"]), c
+        turns = len(c["sent"])
+        assert c["segments"] == [1, 0, 1, 0, 1][:2 * turns - 1], c  # model, tool, model, tool, model
+        assert turns == 3 or not every_sample, c
+        assert all(c["turns_end_in_eos"][:turns - 1]) and all(c["sent"]) and all(c["sampled"]), c
+        assert len(c["tool"]) == turns - 1 and all(c["tool"]), c
     assert figures["env_logprob_max"] == 0.0, figures["env_logprob_max"]
     assert figures["model_tokens"] > 0 and figures["logprob_gap"] < 1e-4, figures["logprob_gap"]  # fp32, 3 turns

@@ -34,6 +34,21 @@ def test_three_turns_are_sampled_ids_plus_tool_messages_and_logprobs_match(tool_
     assert_three_turns(three_turns(Actor(model, tokenizer), tokenizer))
 
 
+@pytest.mark.parametrize("architecture", ["qwen3_moe", "gemma2", "phi3"])
+def test_three_turns_on_other_architectures(architecture, tmp_path):
+    """The three-turn checks on an MoE (Qwen3-MoE), a soft-capped, sliding-window model with tied embeddings
+    (Gemma 2) and one with fused projections (Phi-3), each first taught to end its turns (a few seconds of SFT;
+    most conversations reach three turns): token in, token out, and sampling log-probs equal to the trainer's
+    forward within 1e-4."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agent_model import build_tool_model
+
+    path = build_tool_model(tmp_path, steps=100, architecture=architecture)
+    actor = Actor(AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path))
+    assert_three_turns(three_turns(actor, actor.tokenizer), every_sample=False)
+
+
 def test_environment_tokens_get_no_gradient(tool_model):
     """The loss reads model tokens only: its gradient at environment positions is exactly zero, and with a
     conversation cut after its first tool answer, changing that answer's ids leaves every weight's gradient
