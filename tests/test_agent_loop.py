@@ -378,3 +378,25 @@ def test_an_environment_alone_rewards_a_run(tool_model, tmp_path):
     assert metrics["eval_accuracy"] == 1.0
     with pytest.raises(ValueError, match="no reward: .*or environment= whose step"):
         VerlTrainer(model=path, args=args, train_dataset=data, tools=[echo])
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_rollout_importance_sampling_reads_the_models_tokens_only(level, tool_model, tmp_path):
+    """rollout_is over conversations: the weights pi_old / pi_rollout come from the model's tokens only. The
+    HF engine samples from the trained weights themselves, so every weight is 1 to rounding: a tool token let
+    in (its rollout log-prob is 0, the policy's is not) would move the sequence weight far from 1."""
+    from datasets import Dataset
+
+    from conftest import small_config
+    from verl_hf import VerlTrainer
+
+    _, tokenizer, path = tool_model
+    data = Dataset.from_list([{"prompt": p, "answer": "1"} for p in prompts(8, seed=14)])
+    args = small_config(tmp_path, reward_funcs=None, reward_weights=None, max_steps=1, max_turns=3,
+                        max_response_length=120, max_turn_length=16, per_device_train_batch_size=8,
+                        rollout_is=level, rollout_is_threshold=2.0)
+    trainer = VerlTrainer(model=path, args=args, train_dataset=data, environment=CountingGame)
+    trainer.train()
+    logged = next(h for h in trainer.state.log_history if "rollout_is/mean" in h)
+    assert logged["env_tokens/frac"] > 0.2 and logged["rollout_is/rejected_frac"] == 0.0
+    assert logged["rollout_is/mean"] == pytest.approx(1.0, abs=1e-3) and logged["rollout_is/max"] < 1.01
