@@ -34,4 +34,4 @@ test: install $(VENV)/.installed-vllm
 	$(PY) -m pytest -q -p no:cacheprovider tests $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) demo-output build *.egg-info
+	rm -rf $(VENV) demo-output demo-tools-output build *.egg-info

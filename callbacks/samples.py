@@ -47,7 +47,8 @@ class CompletionSamplesCallback(TrainerCallback):
             import pyarrow as pa
             import pyarrow.parquet as pq
 
-            pq.write_table(pa.Table.from_pylist(rows), os.path.join(folder, f"step_{state.global_step}.parquet"))
+            pq.write_table(pa.Table.from_pylist(rows, schema=parquet_schema(rows)),
+                           os.path.join(folder, f"step_{state.global_step}.parquet"))
         _to_trackers(self.trainer, args, rows, state.global_step)
 
 
@@ -66,6 +67,16 @@ def sample_rows(batch, reward_names: list[str], step: int, count: int) -> list[d
             row["cost"] = float(batch.costs[i])
         rows.append({**row, **_conversation_fields(batch, i)})
     return rows
+
+
+def parquet_schema(rows: list[dict]):
+    """One schema for every step's file, whatever its rows hold (a step whose rows called no tool, or whose
+    scores are all None, would otherwise get null columns that no reader can join with the other steps')."""
+    import pyarrow as pa
+
+    types = {"step": pa.int64(), "prompt": pa.string(), "completion": pa.string(), "conversation": pa.string(),
+             "tool_statuses": pa.list_(pa.string()), "turn_rewards": pa.list_(pa.float64())}
+    return pa.schema([(name, types.get(name, pa.float64())) for name in rows[0]])
 
 
 def _conversation_fields(batch, i: int) -> dict:

@@ -371,6 +371,16 @@ def test_an_environment_alone_rewards_a_run(tool_model, tmp_path):
             ["assistant", "user"]
         assert row["turn_rewards"] == [1.0, 2.0, 3.0] and row["reward"] == 6.0 and row["tool_statuses"] == []
     assert len(written) == 2 and os.path.exists(os.path.join(args.output_dir, "completions", "step_1.parquet"))
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from verl_hf.callbacks.samples import parquet_schema
+
+    no_tools = [{**row, "tool_statuses": [], "reward/environment_return": None} for row in written]
+    with_tools = [{**row, "tool_statuses": ["ok"]} for row in written]
+    for i, rows in enumerate((no_tools, with_tools)):  # steps that called no tool join those that did
+        pq.write_table(pa.Table.from_pylist(rows, schema=parquet_schema(rows)), tmp_path / f"step_{i}.parquet")
+    assert pq.read_table([tmp_path / "step_0.parquet", tmp_path / "step_1.parquet"]).num_rows == 4
     logged = next(h for h in trainer.state.log_history if "reward/turns/mean" in h)
     assert logged["reward/mean"] == logged["reward/turns/mean"] == logged["reward/environment_return/mean"] > 0
     metrics = trainer.evaluate()
@@ -378,6 +388,9 @@ def test_an_environment_alone_rewards_a_run(tool_model, tmp_path):
     assert metrics["eval_accuracy"] == 1.0
     with pytest.raises(ValueError, match="no reward: .*or environment= whose step"):
         VerlTrainer(model=path, args=args, train_dataset=data, tools=[echo])
+    with pytest.raises(ValueError, match=r"reward_weights=\[1.0\] weighs no reward function: with environment= alone"):
+        VerlTrainer(model=path, args=small_config(tmp_path, reward_funcs=None, reward_weights=[1.0]),
+                    train_dataset=data, environment=CountingGame)
 
 
 @pytest.mark.parametrize("level", ["token", "sequence"])

@@ -126,6 +126,35 @@ def test_the_tool_environment_answers_every_call_and_counts_what_went_wrong():
     assert _step(env, "The answer is 42.") == Step(done=True)  # no call: the final answer
 
 
+def exits(code: int) -> str:
+    """Exit, as a code interpreter's program may.
+
+    Args:
+        code: The exit status.
+    """
+    raise SystemExit(code)
+
+
+async def exits_async(code: int) -> str:
+    """Exit from a coroutine.
+
+    Args:
+        code: The exit status.
+    """
+    raise SystemExit(code)
+
+
+def test_a_tool_that_exits_is_an_error_the_model_reads_and_the_loop_lives_on():
+    """SystemExit (a program's exit()) from a sync or an async tool is the call's error, not the end of the
+    event loop the rewards and tools share: later calls on it still run."""
+    env = ToolEnvironment(as_tools([exits, exits_async, multiply]), timeout_s=5)
+    start = time.perf_counter()
+    step = _step(env, _call("exits", code=3) + _call("exits_async", code=4) + _call("multiply", a=2, b=3))
+    assert step.statuses == ("error", "error", "ok") and time.perf_counter() - start < 2.0
+    assert [m["content"] for m in step.messages] == ["Error: RuntimeError: SystemExit: 3", "Error: SystemExit: 4", "6"]
+    assert _step(env, _call("multiply", a=4, b=5)).messages[0]["content"] == "20"
+
+
 def test_calls_beyond_the_limit_are_not_run_and_end_the_episode():
     env = ToolEnvironment(as_tools([multiply]), max_tool_calls=2)
     first = _step(env, _call("multiply", a=1, b=1))
@@ -146,6 +175,15 @@ def test_an_environment_must_be_a_factory():
         environment_factory(ToolEnvironment(as_tools([multiply])), {}, "hermes", 1, 1.0)
     with pytest.raises(TypeError, match="must be a factory"):
         environment_factory("env", {}, "hermes", 1, 1.0)
+    with pytest.raises(TypeError, match=r"environment=<lambda>\(row\) must be callable with no arguments .*reset\(row\)"):
+        environment_factory(lambda row: ToolEnvironment(as_tools([multiply])), {}, "hermes", 1, 1.0)
+
+    class NeedsALevel:
+        def __init__(self, level):
+            self.level = level
+
+    with pytest.raises(TypeError, match=r"environment=NeedsALevel\(level\) must be callable with no arguments"):
+        environment_factory(NeedsALevel, {}, "hermes", 1, 1.0)
     assert isinstance(environment_factory(None, as_tools([multiply]), "hermes", 1, 1.0)(), ToolEnvironment)
 
 

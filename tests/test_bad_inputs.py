@@ -63,6 +63,8 @@ CONFIG_CASES = [
     ("negative tool calls", dict(max_tool_calls=-1), ValueError, r"max_tool_calls=-1 must be >= 0"),
     ("zero tool timeout", dict(tool_timeout_s=0.0), ValueError, r"tool_timeout_s=0.0 must be > 0 \(None: no limit\)"),
     ("negative environment timeout", dict(env_timeout_s=-1.0), ValueError, r"env_timeout_s=-1.0 must be > 0"),
+    ("a tool timeout past the environment's", dict(tool_timeout_s=600.0), ValueError,
+     r"tool_timeout_s=600.0 must be below env_timeout_s=300.0: a tool call runs inside its environment's answer"),
     ("KL horizon with the PID controller", dict(kl_coef=0.1, kl_controller="pid", kl_pid_gains=[1.0, 0.0, 0.0],
                                                 kl_horizon=100), ValueError,
      r"kl_horizon=100 takes effect only when kl_controller='adaptive'"),

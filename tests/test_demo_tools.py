@@ -105,5 +105,13 @@ def test_tool_demo_learns_to_use_the_tool(tmp_path):
 def test_demo_task_names_are_checked(capsys):
     from verl_hf.cli import main
 
+    from verl_hf.cli import DEMO_TASKS, _demo_config
+
     assert main(["demo", "--task", "tool"]) == 2
     assert "verl-hf demo --task 'tool': the demos are ['addition', 'tools']" in capsys.readouterr().err
+    for argv, message in [(["--task"], "needs a demo's name"), (["--task", "--seed", "1"], "needs a demo's name"),
+                          (["--task", "tools", "--task=addition"], "given more than once")]:
+        assert main(["demo", *argv]) == 2 and message in capsys.readouterr().err, argv
+    tools = str(DEMO_TASKS["tools"])
+    assert _demo_config(["--seed", "1", "--task=tools"]) == (tools, ["--seed", "1"])
+    assert _demo_config(["--task", "tools", "--seed", "1"]) == (tools, ["--seed", "1"])

@@ -231,3 +231,4 @@ def test_two_nodes_on_one_machine_train_checkpoint_and_resume(tmp_path):
             for run in ("run", "resumed")}
     assert [s for s, _, _ in logs["run"]] == [1, 2, 3, 4]
     assert logs["resumed"][-2:] == logs["run"][-2:]  # steps 3 and 4 again, bit for bit
+

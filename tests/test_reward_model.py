@@ -93,12 +93,16 @@ def test_a_reward_model_scores_the_whole_conversation_of_a_multi_turn_row(tokeni
     text = "".join(f"{m['role']} {m['content']}\n" for m in messages)
     with torch.no_grad():
         direct = model(**rm_tok([text], return_tensors="pt")).logits[0, 0].item()
-    assert rm(["unused"], ["#### 56088"], messages=[messages])[0] == pytest.approx(direct, abs=1e-5)
-    alone = rm(["What is 123 times 456?"], ["#### 56088"])[0]
+    statuses = [["ok"]]  # the multi-turn loop's column: what tells its rows from a dataset's own `messages`
+    assert rm(["unused"], ["#### 56088"], messages=[messages], tool_statuses=statuses)[0] == pytest.approx(direct,
+                                                                                                        abs=1e-5)
+    alone = rm([messages[:1]], ["#### 56088"])[0]
     assert alone != pytest.approx(direct, abs=1e-5)  # the tool exchange changed what was scored
+    # a single-turn run whose dataset has a `messages` column (a reference chat): the completion is scored
+    assert rm([messages[:1]], ["#### 56088"], messages=[messages])[0] == pytest.approx(alone, abs=1e-6)
     rm_tok.chat_template = ("{% for m in messages %}{% if m['role'] not in ['user', 'assistant'] %}"
                             "{{ raise_exception('Conversation roles must alternate user/assistant') }}{% endif %}"
                             "{{ m['content'] }}{% endfor %}")
     with pytest.raises(ValueError, match=r"cannot render this conversation \(roles \['assistant', 'tool', 'user'\]\)"
                                          r".*Give the reward model a tokenizer whose template renders them"):
-        rm(["unused"], ["#### 56088"], messages=[messages])
+        rm(["unused"], ["#### 56088"], messages=[messages], tool_statuses=statuses)

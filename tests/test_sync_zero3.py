@@ -97,3 +97,64 @@ def test_sync_from_zero3_partitions_two_processes(tmp_path):
     script = tmp_path / "zero3_sync.py"
     script.write_text(SCRIPT)
     run_two_processes(script)
+
+
+SHARED_MULTI_TURN = textwrap.dedent('''
+    import os
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed, torch
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.initialization import no_init_weights
+    from verl_hf.agent import MultiTurnRollout, Step
+    from verl_hf.data import tokenize_prompt
+    from verl_hf.demo import TOOLS_WARM_START_DIR
+    from verl_hf.demo.tools_task import tools_splits
+    from verl_hf.roles import Actor
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank = dist.get_rank()
+    tok = AutoTokenizer.from_pretrained(str(TOOLS_WARM_START_DIR))
+    full = AutoModelForCausalLM.from_pretrained(str(TOOLS_WARM_START_DIR))
+    with no_init_weights(), deepspeed.zero.Init(config_dict_or_path={"train_micro_batch_size_per_gpu": 1,
+                                                                      "zero_optimization": {"stage": 3}}):
+        model = type(full)(full.config)
+        model.tie_weights()
+    with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=0):
+        model.load_state_dict(full.state_dict())
+    assert model.model.embed_tokens.weight.numel() == 0  # really partitioned: generating gathers it
+
+    class Replies:  # rank 0's conversations end after their first turn, rank 1's go on to the third
+        def reset(self, row):
+            return None
+        def step(self, message):
+            return Step([{"role": "user", "content": "again"}], done=rank == 0)
+
+    actor = Actor(model, tok)  # the HF engine on the partitioned training weights themselves
+    assert actor.engine.calls_are_collective
+    calls = []
+    generate = actor.engine.generate
+    actor.engine.generate = lambda ids, params: calls.append(len(ids)) or generate(ids, params)
+    _, _, test = tools_splits()
+    rows = [{"prompt": p, "prompt_ids": tokenize_prompt(tok, p), "answer": a}
+            for p, a in zip(test["prompt"][:2], test["answer"][:2])]
+    rollout = MultiTurnRollout(Replies, tok, None, max_turns=3, max_tokens=200, env_timeout_s=60)
+    batch, metrics = actor.generate_conversations(rollout, rows, max_new_tokens=8, do_sample=False)
+    assert len(calls) == 3, calls  # every turn, on both ranks
+    if rank == 0:
+        assert calls[1:] == [0, 0] and metrics["turns/mean"] == 1.0, (calls, metrics)
+    else:
+        assert min(calls) > 0 and metrics["turns/mean"] > 1.0, (calls, metrics)
+    dist.barrier()
+    dist.destroy_process_group()
+    print(f"rank {rank}: ALL OK")
+''')
+
+
+def test_multi_turn_on_the_partitioned_training_weights_two_processes(tmp_path):
+    """Multi-turn with the HF engine sampling from ZeRO-3 partitions (rollout_hf_weights='shared'): every
+    generate call gathers the weights with the other process, so a rank whose conversations have all ended
+    still joins each turn with nothing to sample, while the other rank's go on (before, it waited for ever)."""
+    script = tmp_path / "zero3_multi_turn.py"
+    script.write_text(SHARED_MULTI_TURN)
+    run_two_processes(script, timeout=180)

@@ -196,16 +196,21 @@ def _run_command(argv: list[str]) -> int:
 
 
 def _demo_config(rest: list[str]) -> tuple[str, list[str]]:
-    """The config of the demo `--task` names (default: addition) and the other flags."""
-    task, others = "addition", list(rest)
-    for i, arg in enumerate(rest):
-        if arg == "--task" or arg.startswith("--task="):
-            task = arg.split("=", 1)[1] if "=" in arg else (rest[i + 1] if i + 1 < len(rest) else "")
-            others = rest[:i] + rest[i + (1 if "=" in arg else 2):]
-            break
+    """The config of the demo `--task` names (default: addition; `--task NAME` or `--task=NAME`) and the other
+    flags."""
+    given = [i for i, arg in enumerate(rest) if arg == "--task" or arg.startswith("--task=")]
+    if not given:
+        return str(DEMO_TASKS["addition"]), list(rest)
+    if len(given) > 1:
+        raise UsageError("verl-hf demo: --task is given more than once; name one demo.")
+    i = given[0]
+    inline = "=" in rest[i]
+    task = rest[i].split("=", 1)[1] if inline else (rest[i + 1] if i + 1 < len(rest) else "")
+    if not task or task.startswith("--"):
+        raise UsageError(f"verl-hf demo --task needs a demo's name: one of {sorted(DEMO_TASKS)}.")
     if task not in DEMO_TASKS:
         raise UsageError(f"verl-hf demo --task {task!r}: the demos are {sorted(DEMO_TASKS)}.")
-    return str(DEMO_TASKS[task]), others
+    return str(DEMO_TASKS[task]), rest[:i] + rest[i + (1 if inline else 2):]
 
 
 if __name__ == "__main__":

@@ -646,6 +646,9 @@ def _check_ranges(cfg: VerlConfig) -> None:
         ("max_tool_calls", cfg.max_tool_calls >= 0, "must be >= 0"),
         ("tool_timeout_s", cfg.tool_timeout_s is None or cfg.tool_timeout_s > 0, "must be > 0 (None: no limit)"),
         ("env_timeout_s", cfg.env_timeout_s is None or cfg.env_timeout_s > 0, "must be > 0 (None: no limit)"),
+        ("tool_timeout_s", None in (cfg.tool_timeout_s, cfg.env_timeout_s) or cfg.tool_timeout_s < cfg.env_timeout_s,
+         f"must be below env_timeout_s={cfg.env_timeout_s}: a tool call runs inside its environment's answer, so a "
+         f"slow call would stop the run instead of telling the model it timed out"),
         ("critic_model_path", cfg.critic_model_path is None or advantage_spec(cfg.adv_estimator).needs_values,
          f"is set, but adv_estimator={cfg.adv_estimator!r} trains no critic; set adv_estimator='gae' or drop it"),
         ("critic_warmup_steps", cfg.critic_warmup_steps >= 0, "must be >= 0"),

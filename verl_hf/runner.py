@@ -135,7 +135,7 @@ def _training_figures(log_history: list[dict]) -> dict:
 def _before_and_after(before: dict, after: dict) -> dict:
     """Each reward function's held-out mean and, in multi-turn runs, the tool calls per sample, before and
     after training: {"reward/<name>_before": ..., "reward/<name>_after": ..., "tool_calls/mean_before": ...}."""
-    keys = [k for k in before if k.startswith("eval_reward/") or k == "eval_tool_calls/mean"]
+    keys = sorted(k for k in {**before, **after} if k.startswith("eval_reward/") or k == "eval_tool_calls/mean")
     return {f"{key[len('eval_'):]}_{when}": figures.get(key)
             for key in keys for when, figures in (("before", before), ("after", after))}
 

@@ -52,7 +52,11 @@ def resolve_rewards(args: VerlConfig, reward_funcs, reward_model, environment=No
         specs.append(as_reward_model(reward_model))
     for path in args.reward_model_path or []:
         specs.append(load_score_model(path, args.reward_model_label_index))
-    if not specs and environment is not None and args.reward_weights is None:
+    if not specs and environment is not None:
+        if args.reward_weights is not None:
+            raise ValueError(f"reward_weights={args.reward_weights} weighs no reward function: with environment= "
+                             f"alone its turn rewards are the reward (environment_return, weight 0, reports "
+                             f"them). Drop reward_weights, or give reward_funcs to weigh.")
         from .agent import environment_return
 
         return resolve_reward_funcs([environment_return]), [0.0]

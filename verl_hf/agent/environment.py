@@ -66,6 +66,22 @@ def environment_return(completions, turn_rewards, **columns) -> list[float]:
     return [float(sum(rewards)) for rewards in turn_rewards]
 
 
+def _check_takes_no_arguments(factory) -> None:
+    """The factory is called with no arguments (the row comes to reset()): say so before any model loads."""
+    import inspect
+
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin or C extension without a signature: found out at the first call
+        return
+    try:
+        signature.bind()
+    except TypeError as exc:
+        name = getattr(factory, "__name__", type(factory).__name__)
+        raise TypeError(f"environment={name}{signature} must be callable with no arguments ({exc}): it makes one "
+                        f"environment per sample, and the dataset row reaches its reset(row).") from None
+
+
 def environment_factory(environment, tools: dict[str, Tool], parser, max_tool_calls: int,
                         timeout_s: float | None) -> Callable[[], object]:
     """One factory for both front doors: `environment` (a class or zero-argument callable returning an object
@@ -75,5 +91,6 @@ def environment_factory(environment, tools: dict[str, Tool], parser, max_tool_ca
             raise TypeError(f"environment= must be a factory (a class, or a function of no arguments returning an "
                             f"environment), called once per sample; got a {type(environment).__name__}. Pass the "
                             f"class, not an instance.")
+        _check_takes_no_arguments(environment)
         return environment
     return lambda: ToolEnvironment(tools, parser, max_tool_calls, timeout_s)

@@ -27,7 +27,7 @@ import torch
 
 from ..batch import RolloutBatch, row_columns
 from ..data import tokenize_prompt
-from ..rewards.calling import run_coroutines
+from ..rewards.calling import RewardTimeout, run_coroutines
 from ..rollout.base import SamplingConfig, left_pad
 from .chat import ChatTemplateError, continuation_ids
 from .environment import Step
@@ -104,9 +104,12 @@ class MultiTurnRollout:
 
         # The bound on a whole sample, so that nothing hangs even if an `async` environment blocks the loop (the
         # per-step env_timeout_s cannot fire then): every turn's request and answer at their own limits.
-        request_s = getattr(engine, "timeout_s", None)
-        bound = None if None in (request_s, self.env_timeout_s) else self.max_turns * (request_s + self.env_timeout_s)
-        with ThreadPoolExecutor(min(64, len(conversations))) as requests:
+        # Requests beyond the pool's threads wait for one: the bound allows for every wave of them.
+        threads = min(256, len(conversations))
+        request_s, waves = getattr(engine, "timeout_s", None), -(-len(conversations) // threads)
+        bound = None if None in (request_s, self.env_timeout_s) else \
+            self.max_turns * (waves * request_s + self.env_timeout_s)
+        with ThreadPoolExecutor(threads) as requests:
             games = [self._play(engine, c, replace(params, seed=None), sample_seed(c.index), requests)
                      for c in conversations]
             results = run_coroutines(games, bound, ["a multi-turn sample"] * len(games),
@@ -126,13 +129,14 @@ class MultiTurnRollout:
             message = None if c.stop is not None else self._turn_message(c)
             if message is None:
                 return
+            limit = asyncio.timeout(self.env_timeout_s)
             try:
-                async with asyncio.timeout(self.env_timeout_s):
+                async with limit:
                     step = await call_anyhow(c.env.step, (message,), label="env-step")
             except Exception as exc:  # noqa: BLE001 - the environment's own error, named by its sample
-                what = f"took longer than env_timeout_s={self.env_timeout_s}" if isinstance(exc, TimeoutError) \
-                    else f"{type(exc).__name__}: {exc}"
-                raise RuntimeError(f"environment.step failed on sample {c.index} of the batch: {what}") from exc
+                if isinstance(exc, TimeoutError) and limit.expired():  # ours, not a TimeoutError it raised itself
+                    exc = RewardTimeout(f"'environment.step' did not return within env_timeout_s={self.env_timeout_s}.")
+                raise environment_failed("step", c.index, exc) from exc
             self._answer(c, message, step, last=turn + 1 == self.max_turns)
             if c.stop is not None:
                 return
@@ -150,24 +154,24 @@ class MultiTurnRollout:
                                      f"per row); got {type(row.get('prompt')).__name__}.")
                 prompt, ids = list(row["prompt"]), list(row["prompt_ids"])
             else:
-                prompt = self._opening(first, index)
-                ids = tokenize_prompt(self.tokenizer, prompt, self.tools_schema)
+                prompt, ids = self._opening(first, index)
             conversations.append(Conversation(ids, list(prompt), env, prompt=prompt, index=index))
         return conversations
 
-    def _opening(self, messages, index: int) -> list[dict]:
-        """reset()'s messages, checked: chat messages that fit in `max_prompt_tokens` once templated."""
+    def _opening(self, messages, index: int) -> tuple[list[dict], list[int]]:
+        """reset()'s messages, checked (chat messages that fit in `max_prompt_tokens` once templated), and
+        their ids."""
         if not isinstance(messages, list) or not messages or not all(
                 isinstance(m, dict) and "role" in m and isinstance(m.get("content"), str) for m in messages):
             raise TypeError(f"environment.reset returned {str(messages)[:80]!r} for sample {index}: return None (the "
                             f"row's prompt opens the conversation) or a non-empty list of {{'role', 'content'}} "
                             f"messages.")
-        length = len(tokenize_prompt(self.tokenizer, messages, self.tools_schema))
-        if self.max_prompt_tokens is not None and length > self.max_prompt_tokens:
-            raise ValueError(f"environment.reset opened sample {index} with {length} tokens, more than "
+        ids = tokenize_prompt(self.tokenizer, messages, self.tools_schema)
+        if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
+            raise ValueError(f"environment.reset opened sample {index} with {len(ids)} tokens, more than "
                              f"max_prompt_length={self.max_prompt_tokens}: raise max_prompt_length or open with "
                              f"fewer tokens.")
-        return list(messages)
+        return list(messages), ids
 
     def sample_turn(self, engine, active: list[Conversation], params: SamplingConfig, seeds) -> None:
         """One turn of the model for every conversation in `active`, appended as sampled."""
@@ -237,8 +241,7 @@ class MultiTurnRollout:
                                  self.env_timeout_s, [f"environment.{what}"] * len(calls), setting="env_timeout_s")
         for index, result in zip(indices, results):
             if isinstance(result, BaseException):
-                raise RuntimeError(f"environment.{what} failed on sample {index} of the batch: "
-                                   f"{type(result).__name__}: {result}") from result
+                raise environment_failed(what, index, result) from result
         return results
 
     def metrics(self, conversations: list[Conversation]) -> dict[str, float]:
@@ -255,6 +258,11 @@ class MultiTurnRollout:
         stops = Counter(c.stop for c in conversations)
         out.update({f"stop/{reason}": stops[reason] / count for reason in STOP_REASONS})
         return out
+
+
+def environment_failed(what: str, index: int, error: BaseException) -> RuntimeError:
+    """The error that stops a rollout whose environment raised or timed out, naming the sample in the batch."""
+    return RuntimeError(f"environment.{what} failed on sample {index} of the batch: {type(error).__name__}: {error}")
 
 
 def to_batch(conversations: list[Conversation], rows: list[dict], num_return_sequences: int, tokenizer) -> RolloutBatch:

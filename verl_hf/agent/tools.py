@@ -98,8 +98,10 @@ async def call_anyhow(func: Callable, args: tuple = (), kwargs: dict | None = No
     def work():
         try:
             outcome = (func(*args, **kwargs), None)
-        except BaseException as exc:  # noqa: BLE001 - the caller reports it
+        except Exception as exc:  # noqa: BLE001 - the caller reports it
             outcome = (None, exc)
+        except BaseException as exc:  # noqa: BLE001 - SystemExit (a program's exit()) would stop the event loop
+            outcome = (None, RuntimeError(f"{type(exc).__name__}: {exc}"))
         try:
             loop.call_soon_threadsafe(settle, *outcome)
         except RuntimeError:  # abandoned at its time limit, and its loop has closed since: nobody waits
@@ -126,6 +128,6 @@ async def answer(call: ToolCall, tools: dict[str, Tool], timeout_s: float | None
         if limit.expired():
             return ToolResult(f"Error: {call.name} did not return within {timeout_s} s.", "timeout")
         return ToolResult(f"Error: TimeoutError: {exc}", "error")  # the tool's own, as it raised it
-    except Exception as exc:  # noqa: BLE001 - the model reads what its call did
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the model reads what its call did (exit() included)
         return ToolResult(f"Error: {type(exc).__name__}: {exc}", "error")
     return ToolResult(output if isinstance(output, str) else json.dumps(output, default=str), "ok")

@@ -83,15 +83,17 @@ class RewardModel(Role):
 
     def score(self, sequences: RolloutBatch) -> torch.Tensor:
         """One scalar per sequence (B,); multi-turn batches are scored on their whole conversations."""
-        if "messages" in sequences.columns:
+        if sequences.env_mask is not None:  # multi-turn: the loop's `messages` (a dataset's own is not this)
             return self.score_texts([self.format_conversation(m) for m in sequences.columns["messages"]])
         return self.score_texts([self.format(p, c) for p, c in zip(sequences.prompts, sequences.completions)])
 
     get_reward = score  # the name the seed posts use
 
-    def __call__(self, prompts, completions, completion_ids=None, messages=None, **columns) -> list[float]:
-        """As a reward function: each pair's score, or with multi-turn rows (`messages`) each whole
-        conversation's, the tool exchange included."""
-        if messages is not None:
+    def __call__(self, prompts, completions, completion_ids=None, messages=None, tool_statuses=None,
+                 **columns) -> list[float]:
+        """As a reward function: each pair's score, or with multi-turn rows each whole conversation's, the tool
+        exchange included. Multi-turn rows are told by `tool_statuses`, a column only the multi-turn loop
+        writes: in single-turn runs a dataset's own `messages` (e.g. a reference chat) is not what was sampled."""
+        if messages is not None and tool_statuses is not None:
             return self.score_texts([self.format_conversation(m) for m in messages]).tolist()
         return self.score_texts([self.format(p, c) for p, c in zip(prompts, completions)]).tolist()

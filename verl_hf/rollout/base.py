@@ -125,6 +125,13 @@ class RolloutEngine(abc.ABC):
                 f"True and implements weight_names, load_weights and get_weights.")
 
 
+def empty_rollout(with_logprobs: bool) -> Rollout:
+    """The Rollout of no prompts (a collective call a process joins with nothing to sample)."""
+    nothing = torch.zeros((0, 1), dtype=torch.long)
+    return Rollout(nothing, nothing, nothing, nothing, torch.zeros(0, dtype=torch.bool),
+                   torch.zeros((0, 1)) if with_logprobs else None)
+
+
 def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, mask), both (len(sequences), longest): ids left-padded with pad_id."""
     width = max(len(s) for s in sequences)

@@ -19,9 +19,9 @@ import dataclasses
 
 import torch
 
-from ..distributed import whole_model
+from ..distributed import is_zero3, whole_model
 from ..routing import generation_routes, recorded_routes
-from .base import Rollout, RolloutEngine, SamplingConfig, left_pad, mask_after_eos
+from .base import Rollout, RolloutEngine, SamplingConfig, empty_rollout, left_pad, mask_after_eos
 
 
 NEUTRAL_PROCESSORS = dict(repetition_penalty=1.0, encoder_repetition_penalty=1.0, no_repeat_ngram_size=0,
@@ -62,6 +62,9 @@ class HFEngine(RolloutEngine):
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], params: SamplingConfig) -> Rollout:
+        if not prompt_ids:  # a collective call (ZeRO-3) this process joins with nothing left to sample
+            with whole_model(self.model):
+                return empty_rollout(params.return_logprobs)
         device = next(self.model.parameters()).device
         ids, mask = left_pad(prompt_ids, self.pad_token_id)
         ids, mask = ids.to(device), mask.to(device)
@@ -124,6 +127,11 @@ class HFSharedEngine(HFEngine):
 
     def generates_from(self, model) -> bool:
         return model is self.model
+
+    @property
+    def calls_are_collective(self) -> bool:
+        """Under ZeRO-3 every generate call gathers the partitioned weights together with the other processes."""
+        return is_zero3(self.model)
 
     def load_weights(self, named_tensors) -> None:
         """Nothing to copy: the engine's weights are the training weights."""

@@ -18,7 +18,7 @@ import torch
 
 from ..routing import moe_routers, route_shape, routes_from_vllm
 from ..sync.names import checkpoint_form
-from .base import Rollout, RolloutEngine, SamplingConfig, left_pad, mask_after_eos
+from .base import Rollout, RolloutEngine, SamplingConfig, empty_rollout, left_pad, mask_after_eos
 from .vllm_compat import (check_cpu_moe_reloadable_in_worker, check_repacked, layer_prefixes, parameter_names,
                           repack_cpu_moe_in_worker, tied_copies_engine_has, transformers_classes_kept)
 
@@ -297,9 +297,3 @@ def _gather_in_group(requests: list[tuple], group) -> tuple[list[tuple], tuple[i
     first = sum(len(p) for p in parts[:dist.get_rank(group=group)])
     return [r for part in parts for r in part], (first, first + len(requests))
 
-
-def empty_rollout(with_logprobs: bool) -> Rollout:
-    """The Rollout of no prompts (a collective call a process joins with nothing to sample)."""
-    nothing = torch.zeros((0, 1), dtype=torch.long)
-    return Rollout(nothing, nothing, nothing, nothing, torch.zeros(0, dtype=torch.bool),
-                   torch.zeros((0, 1)) if with_logprobs else None)
