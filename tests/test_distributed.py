@@ -232,3 +232,19 @@ def test_two_nodes_on_one_machine_train_checkpoint_and_resume(tmp_path):
     assert [s for s, _, _ in logs["run"]] == [1, 2, 3, 4]
     assert logs["resumed"][-2:] == logs["run"][-2:]  # steps 3 and 4 again, bit for bit
 
+
+
+def test_dynamic_sampling_on_the_partitioned_training_weights(tmp_path):
+    """DAPO's dynamic sampling under ZeRO-3 with the HF engine sampling from the partitioned training weights
+    (rollout_hf_weights='shared', every generate call gathers with the other process): the two ranks' prompts
+    are informative at different rates, so they would refill different numbers of times; every rank refills as
+    long as any rank is short instead, and both finish the same steps."""
+    out = tmp_path / "dynamic"
+    _run(tmp_path, _two_processes(MODES["zero3"]), out,
+         ["--max_steps", "3", "--eval_strategy", "no", "--per_device_train_batch_size", "16", "--use_cpu", "false",
+          "--rollout_hf_weights", "shared", "--dynamic_sampling", "true", "--dynamic_sampling_max_rounds", "4",
+          "--dataset_test_split", "null"])
+    rank0, rank1 = (json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert rank0["steps"] == rank1["steps"] == 3
+    logs = [h for h in json.loads((out / "log_history.json").read_text()) if "dynamic_sampling/extra_rounds" in h]
+    assert logs and any(h["dynamic_sampling/extra_rounds"] > 0 for h in logs)

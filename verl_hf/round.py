@@ -147,7 +147,7 @@ class RoundBuilder:
         kept, dropped = self._split(batch)
         self.metrics.record({"dynamic_sampling/informative_frac": _num_groups(kept) / max(_num_groups(batch), 1)})
         extra_rounds = 0
-        while _num_groups(kept) < args.prompts_per_round and extra_rounds < args.dynamic_sampling_max_rounds:
+        while extra_rounds < args.dynamic_sampling_max_rounds and self._any_process_short(kept):
             more = self.score(self.sample(self._refill_rows(micro_step), step))
             more, more_dropped = self._split(more)
             kept, dropped = self._concat([kept, more]), self._concat([dropped, more_dropped])
@@ -162,6 +162,16 @@ class RoundBuilder:
             raise RuntimeError(f"dynamic sampling built a round of {len(kept)} rows, expected "
                                f"{args.rollout_generation_batch_size}; please report this.")
         return kept
+
+    def _any_process_short(self, kept: RolloutBatch | None) -> bool:
+        """Whether this round still needs informative groups. With an engine whose calls are collective (a
+        tensor-parallel vLLM, the HF engine on ZeRO-3 partitions) every process refills as long as any process
+        is short, so that all call it equally often (a full process's extra groups are trimmed away)."""
+        short = _num_groups(kept) < self.args.prompts_per_round
+        if not getattr(self.actor.engine, "calls_are_collective", False):
+            return short
+        device = self.args.device if self.args.world_size > 1 else "cpu"
+        return bool(self.reduce_sum(torch.tensor([float(short)], device=device)).item() > 0)
 
     def _split(self, batch: RolloutBatch):
         return split_informative(batch, self.constraint, self.args.singleton_group_advantage == "score")
