@@ -413,3 +413,36 @@ def test_rollout_importance_sampling_reads_the_models_tokens_only(level, tool_mo
     logged = next(h for h in trainer.state.log_history if "rollout_is/mean" in h)
     assert logged["env_tokens/frac"] > 0.2 and logged["rollout_is/rejected_frac"] == 0.0
     assert logged["rollout_is/mean"] == pytest.approx(1.0, abs=1e-3) and logged["rollout_is/max"] < 1.01
+
+
+def nap(text: str) -> str:
+    """Sleep half a second, as a slow tool does.
+
+    Args:
+        text: Anything.
+    """
+    import time
+
+    time.sleep(0.5)
+    return "rested"
+
+
+def test_sixteen_samples_whose_tool_sleeps_finish_a_turn_at_once(tool_model):
+    """16 conversations (8 prompts x 2) whose turn calls a tool that sleeps 0.5 s: their tools run at once, so
+    the turn takes about 0.5 s of tool time, not 16 x 0.5 s."""
+    import time
+
+    from verl_hf.agent import ToolCall
+
+    model, tokenizer, _ = tool_model
+    tools = as_tools([nap])
+    rollout = MultiTurnRollout(lambda: ToolEnvironment(tools, lambda text: [ToolCall("nap", {"text": "x"})]),
+                               tokenizer, None, max_turns=1, max_tokens=100, env_timeout_s=30)
+    actor = Actor(model, tokenizer)
+    actor.generate_conversations(rollout, chat_rows(tokenizer, 1), max_new_tokens=8, seed=0)  # warm
+    start = time.perf_counter()
+    batch, metrics = actor.generate_conversations(rollout, chat_rows(tokenizer, 8), max_new_tokens=8,
+                                                  num_return_sequences=2, seed=0)
+    elapsed = time.perf_counter() - start
+    assert len(batch) == 16 and metrics["tool_calls/mean"] == 1.0 and batch.columns["tool_statuses"] == [["ok"]] * 16
+    assert elapsed < 2.5, elapsed  # one after another: 8 s
