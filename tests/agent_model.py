@@ -16,22 +16,6 @@ import torch
 from architectures import CHATML_TOOLS, build, build_tokenizer
 
 
-def multiply(a: int, b: int) -> int:
-    """Multiply two integers.
-
-    Args:
-        a: The first factor.
-        b: The second factor.
-    """
-    return a * b
-
-
-def tool_schemas() -> list[dict]:
-    from verl_hf.agent import as_tools
-
-    return [t.schema for t in as_tools([multiply]).values()]
-
-
 def conversation(a: int, b: int) -> list[dict]:
     return [{"role": "user", "content": f"What is {a} plus {b}?"}, {"role": "assistant", "content": str(a + b)},
             {"role": "tool", "content": str(a + b)}, {"role": "assistant", "content": f"{a + b}."}]

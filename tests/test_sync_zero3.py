@@ -8,29 +8,41 @@ import textwrap
 
 from conftest import run_two_processes
 
-SCRIPT = textwrap.dedent('''
+# Both scripts' start: the process group (gloo), then `CHECKPOINT` loaded whole (`full`, to compare with) and
+# as ZeRO-3 partitions (`model`), with its tokenizer (`tok`).
+PARTITIONED = textwrap.dedent('''
     import os
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed, torch
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.initialization import no_init_weights
-    from verl_hf.demo import WARM_START_DIR
-    from verl_hf.roles import Actor
-    from verl_hf.rollout import HFCopyEngine, RolloutEngine
-    from verl_hf.sync import WeightSync
-    from verl_hf.sync.gather import gather_partitioned
+    from verl_hf.demo import TOOLS_WARM_START_DIR, WARM_START_DIR
 
     deepspeed.init_distributed(dist_backend="gloo")
     rank = dist.get_rank()
-    tok = AutoTokenizer.from_pretrained(str(WARM_START_DIR))
-    full = AutoModelForCausalLM.from_pretrained(str(WARM_START_DIR))
+    tok = AutoTokenizer.from_pretrained(str(CHECKPOINT))
+    full = AutoModelForCausalLM.from_pretrained(str(CHECKPOINT))
     with no_init_weights(), deepspeed.zero.Init(config_dict_or_path={"train_micro_batch_size_per_gpu": 1,
                                                                       "zero_optimization": {"stage": 3}}):
         model = type(full)(full.config)
         model.tie_weights()
     with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=0):
         model.load_state_dict(full.state_dict())
+''')
+
+
+def partitioned_script(checkpoint: str, body: str) -> str:
+    """A two-process script: PARTITIONED on `checkpoint` (a name in verl_hf.demo), then `body`."""
+    return PARTITIONED.replace("CHECKPOINT", checkpoint) + textwrap.dedent(body)
+
+
+SCRIPT = partitioned_script("WARM_START_DIR", '''
+    from verl_hf.roles import Actor
+    from verl_hf.rollout import HFCopyEngine, RolloutEngine
+    from verl_hf.sync import WeightSync
+    from verl_hf.sync.gather import gather_partitioned
+
     embed = model.model.embed_tokens.weight
     assert embed.numel() == 0 and 0 < embed.ds_tensor.numel() < embed.ds_numel  # really sharded over 2 ranks
 
@@ -99,29 +111,12 @@ def test_sync_from_zero3_partitions_two_processes(tmp_path):
     run_two_processes(script)
 
 
-SHARED_MULTI_TURN = textwrap.dedent('''
-    import os
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    import deepspeed, torch
-    import torch.distributed as dist
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.initialization import no_init_weights
+SHARED_MULTI_TURN = partitioned_script("TOOLS_WARM_START_DIR", '''
     from verl_hf.agent import MultiTurnRollout, Step
     from verl_hf.data import tokenize_prompt
-    from verl_hf.demo import TOOLS_WARM_START_DIR
     from verl_hf.demo.tools_task import tools_splits
     from verl_hf.roles import Actor
 
-    deepspeed.init_distributed(dist_backend="gloo")
-    rank = dist.get_rank()
-    tok = AutoTokenizer.from_pretrained(str(TOOLS_WARM_START_DIR))
-    full = AutoModelForCausalLM.from_pretrained(str(TOOLS_WARM_START_DIR))
-    with no_init_weights(), deepspeed.zero.Init(config_dict_or_path={"train_micro_batch_size_per_gpu": 1,
-                                                                      "zero_optimization": {"stage": 3}}):
-        model = type(full)(full.config)
-        model.tie_weights()
-    with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=0):
-        model.load_state_dict(full.state_dict())
     assert model.model.embed_tokens.weight.numel() == 0  # really partitioned: generating gathers it
 
     class Replies:  # rank 0's conversations end after their first turn, rank 1's go on to the third

@@ -19,8 +19,10 @@ See it work: tests/test_agent_loop.py.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -97,8 +99,6 @@ class MultiTurnRollout:
         """Every conversation on its own: its turn is a request of its own (the server batches requests as they
         come), then its environment answers, then its next turn, so a sample waiting for a slow tool holds up
         no other. Seeds per (sample, turn) as in step: `seeds`, else (params.seed, sample), else none."""
-        from concurrent.futures import ThreadPoolExecutor
-
         def sample_seed(i: int):
             return seeds[i] if seeds is not None else (None if params.seed is None else (params.seed, i))
 
@@ -120,8 +120,6 @@ class MultiTurnRollout:
         return conversations
 
     async def _play(self, engine, c: Conversation, params: SamplingConfig, seed, requests) -> None:
-        import asyncio
-
         loop = asyncio.get_running_loop()
         for turn in range(self.max_turns):
             turn_seed = None if seed is None else (hash((*seed, turn)) % 2**31,)
