@@ -1,10 +1,13 @@
-"""Weight sync under DeepSpeed ZeRO-3, two CPU processes, on a >= 100M-parameter Llama built from a config.
+"""Weight sync under DeepSpeed ZeRO-3 and FSDP2, two CPU processes, on a >= 100M-parameter Llama built from a
+config.
 
-Run `python benchmarks/sync.py` (it launches itself with `accelerate launch`, 2 processes, ZeRO-3, gloo).
-Each rank reports, side by side in one run:
+Run `python benchmarks/sync.py` (it launches itself with `accelerate launch`, 2 processes, gloo; the same
+model is built once ZeRO-3-partitioned and once sharded with FSDP2's `fully_shard`, one decoder layer per
+unit). Each rank reports, side by side in one run:
 
-1. sync: seconds, GB/s and the measured peak extra memory (VmHWM) for several bucket sizes, next to the
-   bound "one bucket + the largest layer", and next to a plain in-process copy of the same bytes (ratio);
+1. sync: seconds, GB/s and the measured peak extra memory (VmHWM) for several bucket sizes, for each
+   sharding, next to the bound "one bucket + the largest layer", and next to a plain in-process copy of the
+   same bytes (ratio);
 2. the HF engine under ZeRO-3, per rollout: "shared" (generate on the sharded model, whole-model gather per
    generate call) against "copy" (one bucketed sync, then generate on a plain inference copy).
 
@@ -15,6 +18,7 @@ Each rank reports, side by side in one run:
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import subprocess
 import sys
@@ -35,17 +39,36 @@ def parse():
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--new_tokens", type=int, default=32)
     parser.add_argument("--skip_rollout", action="store_true", help="only the sync table")
+    parser.add_argument("--shardings", nargs="+", default=["zero3", "fsdp2"], choices=["zero3", "fsdp2"])
     return parser.parse_args()
+
+
+def llama_config(args):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 8 // 3,
+                       num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
+                       num_key_value_heads=args.hidden // 64, tie_word_embeddings=True, max_position_embeddings=512)
+
+
+def build_fsdp2_model(args):
+    """The same Llama, sharded by FSDP2 as accelerate shards a policy: one `fully_shard` unit per decoder layer,
+    the embedding (tied to the LM head) and the rest in the root."""
+    from torch.distributed.fsdp import fully_shard
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM(llama_config(args))
+    for layer in model.model.layers:
+        fully_shard(layer)
+    return fully_shard(model)
 
 
 def build_model(args):
     """A Llama-style model, ZeRO-3-partitioned as it is built (zero.Init), wrapped for inference hooks."""
     import deepspeed
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 8 // 3,
-                         num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
-                         num_key_value_heads=args.hidden // 64, tie_word_embeddings=True, max_position_embeddings=512)
+    config = llama_config(args)
     ds_config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
     with deepspeed.zero.Init(config_dict_or_path=ds_config):
         model = LlamaForCausalLM(config)
@@ -88,31 +111,45 @@ def all_gather_seconds(nbytes: int, repeats: int) -> float:
     return best
 
 
-def bench_sync(model, engine, args, rank: int) -> None:
-    from verl_hf.sync import WeightSync, weight_units
+def bench_baselines(model, engine, args, rank: int) -> tuple[int, float, float]:
+    """(bytes, seconds of a plain in-process copy, seconds of a bare all-gather) of the model's weights; printed
+    with the table's header."""
+    from verl_hf.sync.gather import full_numel, weight_units
 
     copy_s, nbytes = plain_copy_seconds(engine, args.repeats)
     gather_s = all_gather_seconds(nbytes, args.repeats)
     largest_mb = max(u.nbytes for u in weight_units(model)) / 2**20
-    decoder_layer_mb = sum(p.ds_numel * p.element_size() for p in model.model.layers[0].parameters()) / 2**20
     if rank == 0:
-        print(f"\nmodel: {sum(p.ds_numel for p in model.parameters()) / 1e6:.1f}M parameters, {nbytes / 1e9:.3f} GB "
-              f"fp32; largest weight {largest_mb:.1f} MB, one decoder layer {decoder_layer_mb:.1f} MB")
+        print(f"\nmodel: {sum(full_numel(p) for p in model.parameters()) / 1e6:.1f}M parameters, {nbytes / 1e9:.3f} "
+              f"GB fp32; largest weight {largest_mb:.1f} MB, one decoder layer {decoder_layer_mb(model):.1f} MB")
         print(f"plain in-process copy of the same bytes: {copy_s:.3f} s = {nbytes / 1e9 / copy_s:.2f} GB/s")
         print(f"bare all-gather of the same bytes (the transport, no sync): {gather_s:.3f} s = "
               f"{nbytes / 1e9 / gather_s:.2f} GB/s\n")
-        print("| bucket MB | buckets | sync s | GB/s | vs plain copy | vs bare all-gather | peak extra MB (rank 0) | "
-              "bound: bucket + layer MB |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("| sharding | bucket MB | buckets | sync s | GB/s | vs plain copy | vs bare all-gather | "
+              "peak extra MB (rank 0) | bound: bucket + layer MB |")
+        print("|---|---|---|---|---|---|---|---|---|")
+    return nbytes, copy_s, gather_s
+
+
+def decoder_layer_mb(model) -> float:
+    from verl_hf.sync.gather import full_numel
+
+    return sum(full_numel(p) * p.element_size() for p in model.model.layers[0].parameters()) / 2**20
+
+
+def bench_sync(model, engine, args, rank: int, sharding: str, baselines: tuple[int, float, float]) -> None:
+    from verl_hf.sync import WeightSync
+
+    nbytes, copy_s, gather_s = baselines
     for bucket in args.buckets_mb:
         sync = WeightSync(bucket_mb=bucket)
         sync.sync(model, engine)  # warm-up: name check, allocator
         runs = [sync.sync(model, engine) for _ in range(args.repeats)]
         best = min(runs, key=lambda m: m["sync/seconds"])
         peak = max(m["sync/peak_extra_mb"] for m in runs)
-        bound = sync.bucket_bytes / 2**20 + decoder_layer_mb
+        bound = sync.bucket_bytes / 2**20 + decoder_layer_mb(model)
         if rank == 0:
-            print(f"| {bucket:g} | {best['sync/buckets']:.0f} | {best['sync/seconds']:.3f} | {best['sync/gb_per_s']:.2f} | "
+            print(f"| {sharding} | {bucket:g} | {best['sync/buckets']:.0f} | {best['sync/seconds']:.3f} | {best['sync/gb_per_s']:.2f} | "
                   f"{best['sync/gb_per_s'] / (nbytes / 1e9 / copy_s):.2f}x | "
                   f"{best['sync/gb_per_s'] / (nbytes / 1e9 / gather_s):.2f}x | {peak:.0f} | {bound:.0f}"
                   f"{'' if peak <= bound else '  EXCEEDED'} |")
@@ -160,12 +197,17 @@ def worker(args) -> None:
     from verl_hf.rollout import HFCopyEngine
 
     state = PartialState(backend="gloo")
-    torch.manual_seed(0)
-    model = build_model(args)
-    engine = HFCopyEngine.of(model, pad_token_id=0, eos_token_ids=[args.vocab - 1])
-    bench_sync(model, engine, args, state.process_index)
-    if not args.skip_rollout:
-        bench_rollout(model, engine, args, state.process_index)
+    rank, baselines = state.process_index, None
+    for sharding in args.shardings:
+        torch.manual_seed(0)
+        model = build_model(args) if sharding == "zero3" else build_fsdp2_model(args)
+        engine = HFCopyEngine.of(model, pad_token_id=0, eos_token_ids=[args.vocab - 1])
+        baselines = baselines or bench_baselines(model, engine, args, rank)
+        bench_sync(model, engine, args, rank, sharding, baselines)
+        if sharding == "zero3" and not args.skip_rollout:
+            bench_rollout(model, engine, args, rank)
+        del model, engine
+        gc.collect()
 
 
 def launch() -> int:

@@ -27,8 +27,9 @@ class SyncRefModelCallback(TrainerCallback):
         if ref.adapter_model is not None:
             raise ValueError("SyncRefModelCallback: with PEFT the reference is the base model with adapters off "
                              "(no copy to move); merge the adapter or train without PEFT.")
-        if ref.engine is not None or trainer.is_deepspeed_enabled:
-            raise ValueError("SyncRefModelCallback does not support DeepSpeed-sharded references yet.")
+        if ref.engine is not None or trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled:
+            raise ValueError("SyncRefModelCallback does not support DeepSpeed- or FSDP-sharded references yet; "
+                             "train with DDP (or one process) to move the reference, or drop the callback.")
         self.trainer = trainer
 
     def on_step_end(self, args, state, control, **kwargs):

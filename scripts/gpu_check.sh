@@ -3,7 +3,8 @@
 # sleep mode on, a ~0.5B-parameter Llama built from a config (no download), 20 GRPO steps of the demo task.
 # Reports generation tokens/s, sync seconds and GB/s, and GPU memory; then, where trl is installed, rows a and b
 # of benchmarks/vs_trl.py on a Qwen2.5-0.5B-shaped model, the GSM8K GRPO recipe for 30 steps, and MoE routing
-# replay through vLLM's routed experts. Aims to finish within 14 minutes.
+# replay through vLLM's routed experts; and FSDP2 with colocated vLLM (sync figures, vLLM vs trainer log-prob
+# gap). Aims to finish within 14 minutes.
 #
 #   bash scripts/gpu_check.sh            # from the repository root, on the GPU machine
 #
@@ -66,6 +67,23 @@ for key in ("rollout/tokens_per_s", "time/rollout", "time/sync", "sync/seconds",
     print(f"{key:24s} {mean(key):.4f}")
 PYEOF
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv
+
+echo "== FSDP2 (examples/accelerate/fsdp2.yaml, 1 process, bf16), colocated vLLM fed from the DTensor shards, 10 steps"
+$PY -m accelerate.commands.launch --config_file examples/accelerate/fsdp2.yaml --num_processes 1 \
+    --mixed_precision bf16 -m verl_hf.cli train examples/configs/demo.yaml \
+    --model_name_or_path "$OUT/model" --output_dir "$OUT/fsdp2_run" --use_cpu false --bf16 true \
+    --rollout_engine vllm --vllm_sleep_level 1 --vllm_gpu_memory_utilization 0.4 --rollout_is token \
+    --max_steps 10 --logging_steps 5 --eval_strategy no --save_strategy no \
+    --per_device_train_batch_size 64 --max_response_length 32 \
+    > "$OUT/fsdp2.log" 2>&1 || { echo "FSDP2 run FAILED:"; grep -E "Error|Traceback" "$OUT/fsdp2.log" | tail -20; }
+$PY - "$OUT/fsdp2_run/log_history.json" <<'PYEOF' || echo "FSDP2: no log (see $OUT/fsdp2.log)"
+import json, sys
+logs = [h for h in json.load(open(sys.argv[1])) if "sync/seconds" in h]
+for key in ("sync/seconds", "sync/gb_per_s", "sync/peak_extra_mb", "rollout_is/logprob_gap_max", "time/rollout",
+            "time/update", "reward/mean"):
+    values = [h[key] for h in logs if key in h]
+    print(f"fsdp2 {key:28s} mean {sum(values) / max(len(values), 1):.4f}  max {max(values, default=float('nan')):.4f}")
+PYEOF
 
 echo "== server mode: verl-hf vllm-serve on the same GPU, 10 GRPO steps (ZeRO-3, 1 process)"
 # One GPU holds both the server and the trainer; NCCL refuses two ranks on one device, so this uses the

@@ -125,8 +125,8 @@ def test_ddp_zero2_zero3_lora_train_sync_and_agree(tmp_path):
         assert abs(runs[mode][0]["accuracy_after"] - ddp["accuracy_after"]) <= 0.02, mode
 
 
-def test_one_process_and_two_zero3_processes_take_the_same_first_step(tmp_path):
-    """Invariance: the same 64-completion round on one process, or split over two ZeRO-3 processes (32 each),
+def assert_same_first_step(tmp_path, launcher: list[str]) -> None:
+    """The same 64-completion round on one process, or split over two processes under `launcher` (32 each),
     gives the same first-step loss and the same updated weights. Per-prompt seeds make the samples identical;
     what remains is float summation order (batch shapes, all-reduce), hence the tolerances."""
     from safetensors.torch import load_file
@@ -134,13 +134,11 @@ def test_one_process_and_two_zero3_processes_take_the_same_first_step(tmp_path):
     common = ["--max_steps", "1", "--eval_strategy", "no", "--learning_rate", "0.1", "--optim", "sgd",
               "--rollout_seed_per_prompt", "true"]
     _run(tmp_path, [], tmp_path / "one", [*common, "--per_device_train_batch_size", "64"], {"RANK": "0"})
-    _run(tmp_path, _two_processes(MODES["zero3"]), tmp_path / "two",
-         [*common, "--per_device_train_batch_size", "32", "--use_cpu", "false"])
+    _run(tmp_path, launcher, tmp_path / "two", [*common, "--per_device_train_batch_size", "32", "--use_cpu", "false"])
     logs = {run: next(h for h in json.loads((tmp_path / run / "log_history.json").read_text()) if "loss" in h)
             for run in ("one", "two")}
-    assert logs["two"]["reward/mean"] == pytest.approx(logs["one"]["reward/mean"], abs=1e-6)  # identical samples
-    assert logs["two"]["response_length/mean"] == pytest.approx(logs["one"]["response_length/mean"], abs=1e-6)
-    assert logs["two"]["loss"] == pytest.approx(logs["one"]["loss"], abs=1e-6)
+    for key in ("reward/mean", "response_length/mean", "loss"):  # identical samples, then the same loss
+        assert logs["two"][key] == pytest.approx(logs["one"][key], abs=1e-6), key
     one, two = (load_file(str(tmp_path / run / "model.safetensors")) for run in ("one", "two"))
     start = load_file(str(REPO / "verl_hf/demo/warm_start/model.safetensors"))
     assert one.keys() == two.keys()
@@ -148,6 +146,11 @@ def test_one_process_and_two_zero3_processes_take_the_same_first_step(tmp_path):
         moved = (one[name] - start[name]).abs().max().item()
         assert (one[name] - two[name]).abs().max().item() <= 1e-6 + 1e-4 * moved, name
         assert moved > 0, name
+
+
+def test_one_process_and_two_zero3_processes_take_the_same_first_step(tmp_path):
+    """Invariance: the same round on one process, or split over two ZeRO-3 processes, takes the same step."""
+    assert_same_first_step(tmp_path, _two_processes(MODES["zero3"]))
 
 
 def _critic_log(out: Path) -> list[tuple[int, float, float]]:

@@ -19,6 +19,7 @@ def test_token_truncate_caps_each_token_weight():
     torch.testing.assert_close(w, expected)
     assert metrics["rollout_is/rejected_frac"] == pytest.approx(1 / 5)
     assert metrics["rollout_is/max"] == pytest.approx(math.e, rel=1e-6)
+    assert metrics["rollout_is/logprob_gap_max"] == pytest.approx(1.0)  # |0 - (-1)| and |-2 - (-1)|; masked 0.0 ignored
 
 
 def test_token_mask_zeroes_tokens_outside_the_band():

@@ -32,9 +32,33 @@ PARTITIONED = textwrap.dedent('''
 ''')
 
 
+# Two checks of a sharded `model` against its whole twin `full` (either sharding): a verified sync into an
+# inference copy in several buckets, and a sync to one owner rank (rank 1 only sends its shards).
+VERIFIED_SYNCS = '''
+    # 2. a sync into inference copies, checked against the sharding's own gather (sync_verify)
+    engine = HFCopyEngine.of(model, tok.pad_token_id, [tok.eos_token_id])
+    metrics = WeightSync(bucket_mb=0.5, verify=True).sync(model, engine)
+    assert metrics["sync/buckets"] > 1, metrics
+    for name, p in full.named_parameters():
+        assert torch.equal(engine.get_weights([name])[name], p), name
+
+    # 3. one owner: only rank 0's engine receives weights; rank 1 only sends its shards
+    engine = HFCopyEngine.of(model, tok.pad_token_id, [tok.eos_token_id])
+    metrics = WeightSync(bucket_mb=0.5, verify=True, owner_rank=0).sync(model, engine)
+    pushed = metrics["sync/gigabytes"]
+    weights = dict(engine.model.named_parameters())
+    if rank == 0:
+        assert pushed > 0 and all(torch.equal(weights[n], p) for n, p in full.named_parameters())
+    else:
+        assert pushed == 0 and all(bool((w == 0).all()) for w in weights.values())
+'''
+
+
 def partitioned_script(checkpoint: str, body: str) -> str:
-    """A two-process script: PARTITIONED on `checkpoint` (a name in verl_hf.demo), then `body`."""
-    return PARTITIONED.replace("CHECKPOINT", checkpoint) + textwrap.dedent(body)
+    """A two-process script: PARTITIONED on `checkpoint` (a name in verl_hf.demo), then `body` (in which a
+    line `VERIFIED_SYNCS` stands for those checks)."""
+    body = textwrap.dedent(body).replace("VERIFIED_SYNCS\n", textwrap.dedent(VERIFIED_SYNCS).lstrip("\n"))
+    return PARTITIONED.replace("CHECKPOINT", checkpoint) + body
 
 
 SCRIPT = partitioned_script("WARM_START_DIR", '''
@@ -52,22 +76,7 @@ SCRIPT = partitioned_script("WARM_START_DIR", '''
         only_owner = gather_partitioned(p, "cpu", chunk_bytes=1000, dst=0)
         assert torch.equal(only_owner, full.get_parameter(name)) if rank == 0 else only_owner is None, name
 
-    # 2. a sync into inference copies, checked against DeepSpeed's own GatheredParameters
-    engine = HFCopyEngine.of(model, tok.pad_token_id, [tok.eos_token_id])
-    metrics = WeightSync(bucket_mb=0.5, verify=True).sync(model, engine)
-    assert metrics["sync/buckets"] > 1, metrics
-    for name, p in full.named_parameters():
-        assert torch.equal(engine.get_weights([name])[name], p), name
-
-    # 3. one owner: only rank 0's engine receives weights; rank 1 only sends its shards
-    engine = HFCopyEngine.of(model, tok.pad_token_id, [tok.eos_token_id])
-    metrics = WeightSync(bucket_mb=0.5, verify=True, owner_rank=0).sync(model, engine)
-    pushed = metrics["sync/gigabytes"]
-    weights = dict(engine.model.named_parameters())
-    if rank == 0:
-        assert pushed > 0 and all(torch.equal(weights[n], p) for n, p in full.named_parameters())
-    else:
-        assert pushed == 0 and all(bool((w == 0).all()) for w in weights.values())
+    VERIFIED_SYNCS
 
     # 3b. the owner's engine fails in the middle: no process hangs in a gather, every process raises
     class Broken(type(engine)):

@@ -1,9 +1,9 @@
-"""Neutral DeepSpeed / torch.distributed helpers, used by the rollout engines, the roles, the weight sync and
-the trainer's setup alike (so that none of them imports another's internals).
+"""Neutral DeepSpeed / FSDP2 / torch.distributed helpers, used by the rollout engines, the roles, the weight
+sync and the trainer's setup alike (so that none of them imports another's internals).
 
-Every helper works without torch.distributed or DeepSpeed: one process, rank 0, plain parameters, no ZeRO.
+Every helper works without torch.distributed, DeepSpeed or FSDP: one process, rank 0, plain parameters.
 
-See it work: tests/test_sync_zero3.py, tests/test_distributed.py.
+See it work: tests/test_sync_zero3.py, tests/test_distributed.py, tests/test_fsdp2.py.
 """
 
 from __future__ import annotations
@@ -24,6 +24,32 @@ def is_zero3(model_or_params) -> bool:
     """True when any parameter (of a module, or in an iterable) is a DeepSpeed ZeRO-3 partition."""
     params = model_or_params.parameters() if isinstance(model_or_params, torch.nn.Module) else model_or_params
     return any(hasattr(p, "ds_id") for p in params)
+
+
+def is_dtensor(p) -> bool:
+    """True for a DTensor parameter (FSDP2's `fully_shard`, or tensor parallelism)."""
+    return type(p).__name__ == "DTensor" or getattr(p, "_local_tensor", None) is not None
+
+
+def is_fsdp2(model_or_params) -> bool:
+    """True when any parameter is a DTensor, i.e. the model is sharded by FSDP2's `fully_shard`."""
+    params = model_or_params.parameters() if isinstance(model_or_params, torch.nn.Module) else model_or_params
+    return any(is_dtensor(p) for p in params)
+
+
+def is_sharded(model) -> bool:
+    """Each process holds only part of `model`'s weights (ZeRO-3 or FSDP2): its forward is a collective."""
+    return is_zero3(model) or is_fsdp2(model)
+
+
+def local_parameter_bytes(model: torch.nn.Module) -> int:
+    """Bytes of `model`'s parameters this process holds: its ZeRO-3 partitions, its FSDP2 shards, or all of them."""
+    total = 0
+    for p in model.parameters():
+        held = getattr(p, "ds_tensor", None)
+        held = p.to_local() if held is None and is_dtensor(p) else p if held is None else held
+        total += held.numel() * held.element_size()
+    return total
 
 
 def gathered_params(params: list[torch.Tensor]):
@@ -47,6 +73,108 @@ def zero_stage(accelerator) -> int | None:
     """The DeepSpeed ZeRO stage an `accelerate.Accelerator` runs with; None without DeepSpeed."""
     plugin = getattr(accelerator.state, "deepspeed_plugin", None)
     return getattr(plugin, "zero_stage", None)
+
+
+def fsdp_version(accelerator) -> int | None:
+    """The FSDP version (1 or 2) an `accelerate.Accelerator` runs with; None without FSDP."""
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    return None if plugin is None else getattr(plugin, "fsdp_version", 1)
+
+
+def sharded_like_actor(accelerator, model: torch.nn.Module) -> torch.nn.Module:
+    """Under FSDP2: `model` (a frozen role, or the critic) sharded in place as accelerate shards the actor:
+    each decoder layer (the classes of `_no_split_modules`) its own `fully_shard` unit, the rest in the root,
+    with the run's mixed-precision, CPU-offload and reshard settings. Elsewhere returned as it is.
+
+    Not accelerate's `fsdp2_prepare_model`: that one fixes the plugin's layer classes on the first model it
+    sees (the actor's), so a reward model of another architecture could not be sharded after it."""
+    if fsdp_version(accelerator) != 2 or is_fsdp2(model):
+        return model
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    plugin = accelerator.state.fsdp_plugin
+    # cpu_ram_efficient_loading: transformers loaded the weights on rank 0 only (empty tensors elsewhere)
+    loaded = model.state_dict() if plugin.cpu_ram_efficient_loading else None
+    kwargs = {"reshard_after_forward": plugin.reshard_after_forward, "offload_policy": plugin.cpu_offload,
+              "mp_policy": plugin.mixed_precision_policy or MixedPrecisionPolicy()}
+    layer_classes = tuple(getattr(model, "_no_split_modules", None) or ())
+    for module in list(model.modules())[1:]:
+        if type(module).__name__ in layer_classes:
+            fully_shard(module, **kwargs)
+    fully_shard(model, **{k: v for k, v in kwargs.items() if k != "reshard_after_forward"})
+    if loaded is not None:
+        set_model_state_dict(model, loaded, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    return model
+
+
+def shard_actor(accelerator, model: torch.nn.Module) -> torch.nn.Module:
+    """Under FSDP2: the policy sharded now, as the Trainer's `prepare` would shard it when training starts
+    (accelerate's own activation checkpointing and `fsdp2_prepare_model`), so that it is placed as under
+    ZeRO-3 from the start: the reference, the engine's first sync and an evaluation before training see the
+    real weights (with cpu_ram_efficient_loading only rank 0 loaded them), and no process ever holds the whole
+    model. `prepare` then finds an FSDP module and keeps it. Elsewhere returned as it is."""
+    if fsdp_version(accelerator) != 2 or is_fsdp2(model):
+        return model
+    from accelerate.utils import fsdp2_apply_ac, fsdp2_prepare_model
+
+    plugin = accelerator.state.fsdp_plugin
+    plugin.set_auto_wrap_policy(model)
+    if plugin.activation_checkpointing:
+        model = fsdp2_apply_ac(accelerator, model)
+        # applied once, here: `prepare` would wrap every layer a second time (its policy sees through wrappers)
+        plugin.activation_checkpointing = False
+    return fsdp2_prepare_model(accelerator, model)
+
+
+def full_state_dicts(model: torch.nn.Module, optimizer=None) -> tuple[dict, dict | None]:
+    """An FSDP2 model's (and its optimizer's) state gathered whole, on the CPU: (weights, optimizer state or
+    None). A collective: every process calls it; the full tensors arrive on rank 0 (the others get empty dicts:
+    `cpu_offload` keeps them there only)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = get_model_state_dict(model, options=options)
+    # Tied weights (a shared embedding and LM head) come back as two copies; one tensor under both names again,
+    # so that save_pretrained drops the tied name as it does for an unsharded model.
+    first_name: dict[int, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        first = first_name.setdefault(id(p), name)
+        if first != name and first in weights and name in weights:
+            weights[name] = weights[first]
+    return weights, get_optimizer_state_dict(model, optimizer, options=options) if optimizer is not None else None
+
+
+def load_full_state_dicts(model: torch.nn.Module, optimizer, weights: dict, optimizer_state: dict | None) -> None:
+    """Load full (unsharded) state into an FSDP2 model and its optimizer; each process keeps its shards."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, weights, options=options)
+    if optimizer is not None and optimizer_state is not None:
+        set_optimizer_state_dict(model, optimizer, optimizer_state, options=options)
+
+
+def install_cpu_fsdp(accelerator, plugin_args: dict | None) -> bool:
+    """On a machine without GPUs accelerate never turns FSDP on (its FSDP branch lists GPU-like devices only):
+    under `accelerate launch` with an FSDP config it runs DDP instead, silently. VerlConfig has already made the
+    process group (gloo, CPU); this puts the FSDP plugin into the accelerator's state, so that `prepare`
+    shards with `fully_shard` as on GPUs. True when it did. Measured: tests/test_fsdp2.py."""
+    import os
+
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    wanted = os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" or plugin_args is not None
+    state = accelerator.state
+    if not wanted or getattr(state, "fsdp_plugin", None) is not None or torch.cuda.is_available() \
+            or accelerator.num_processes < 2:
+        return False
+    plugin = FullyShardedDataParallelPlugin(**(plugin_args or {}))
+    if state.mixed_precision != "no":
+        plugin.set_mixed_precision(state.mixed_precision)
+    state.fsdp_plugin, state.distributed_type = plugin, DistributedType.FSDP
+    return True
 
 
 def deepspeed_inference(accelerator, model):

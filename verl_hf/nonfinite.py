@@ -86,6 +86,7 @@ def _finite(model: torch.nn.Module) -> bool:
     for param in model.parameters():
         tensor = getattr(param, "ds_tensor", None)  # ZeRO-3: this process's partition; param.data is empty
         tensor = param.data if tensor is None else tensor
+        tensor = tensor.to_local() if hasattr(tensor, "to_local") else tensor  # FSDP2: this process's shard
         if tensor.is_floating_point() and not torch.isfinite(tensor).all():
             return False
     return True

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .distributed import local_parameter_bytes
+
 
 @dataclass
 class ScriptArguments:
@@ -103,6 +105,8 @@ def run_training(script: ScriptArguments, config) -> dict:
     trainer.save_model(config.output_dir)
     summary = {"seed": config.seed, "steps": trainer.state.global_step, "seconds": round(time.time() - started, 1),
                "accuracy_before": before.get("eval_accuracy"), "accuracy_after": after.get("eval_accuracy"),
+               # this process's share of the policy's parameters: all of them, or its ZeRO-3 / FSDP2 shards
+               "policy_params_mb": round(local_parameter_bytes(trainer.model) / 2**20, 4),
                **_training_figures(trainer.state.log_history)}
     if test is not None:
         summary["gain_points"] = round(100 * (summary["accuracy_after"] - summary["accuracy_before"]), 1)

@@ -25,7 +25,7 @@ from . import publish, saving
 from . import trainer_setup as setup
 from .checkpoint import RLCheckpoint
 from .data import RoundBatchSampler, RoundDataLoader, keep_rows, prepare_datasets, prepare_prompts, prompt_options
-from .distributed import is_zero3, zero_stage
+from .distributed import fsdp_version, full_state_dicts, install_cpu_fsdp, is_sharded, shard_actor, zero_stage
 from .evaluation import evaluate_rewards
 from .nonfinite import NonFiniteGuard, check_finite_loss, check_finite_weights
 from .roles import Actor
@@ -91,9 +91,11 @@ class VerlTrainer(Trainer):
             processing_class=tokenizer, callbacks=callbacks, optimizers=optimizers, **trainer_kwargs,
         )
         setup.check_vocabulary(tokenizer, self.model, self.train_dataset)
+        self.model = self.model_wrapped = shard_actor(self.accelerator, self.model)  # FSDP2: sharded from the start
         if args.routing_replay:
             moe_routers(self.model)  # not an MoE model, or unknown routers: said before any engine starts
-        engine = make_rollout_engine(self.model, tokenizer, args, zero_stage=zero_stage(self.accelerator))
+        engine = make_rollout_engine(self.model, tokenizer, args, zero_stage=zero_stage(self.accelerator),
+                                     fsdp2=fsdp_version(self.accelerator) == 2)
         self.actor = Actor(self.model, tokenizer, engine=engine, temperature=args.temperature,
                            weight_sync=WeightSync.from_config(args, engine), logits_chunk_size=args.logits_chunk_size,
                            routing_replay=args.routing_replay)
@@ -107,6 +109,12 @@ class VerlTrainer(Trainer):
         for callback in self.callback_handler.callbacks:
             _bind(callback, self)
         self._callbacks_bound = True
+
+    def create_accelerator_and_postprocess(self) -> None:
+        """The Trainer's accelerator; on a machine without GPUs an FSDP config really shards (distributed.py)."""
+        super().create_accelerator_and_postprocess()
+        if install_cpu_fsdp(self.accelerator, self.args.fsdp_plugin_args):
+            self.is_fsdp_enabled = True
 
     def _build_rl_parts(self) -> None:
         """The round builder, the update and the named state between steps, and the checkpoint that saves it."""
@@ -302,17 +310,24 @@ class VerlTrainer(Trainer):
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """The Trainer's save (weights, tokenizer), plus verl_config.json; PEFT runs with save_merged_model
         write the merged model (checkpoints keep the adapter, which resuming needs)."""
-        # Pooled over processes only where each holds a shard (ZeRO-3), which saves on every process anyway: a
-        # replicated model is checked where it is saved (a main-process-only save_model must not wait).
-        pooled = self._reduce_sum if is_zero3(self.model) else (lambda t: t)
+        # Pooled over processes only where each holds a shard (ZeRO-3, FSDP2), which saves on every process
+        # anyway: a replicated model is checked where it is saved (a main-process-only save_model must not wait).
+        pooled = self._reduce_sum if is_sharded(self.model) else (lambda t: t)
         check_finite_weights({"policy": self.model, **{prefix: c.model for c, _, _, prefix in self.critics}},
                              pooled, self.args.device, output_dir or self.args.output_dir)
-        super().save_model(output_dir, _internal_call)
         output_dir = output_dir or self.args.output_dir
+        final = not os.path.basename(os.path.normpath(output_dir)).startswith(PREFIX_CHECKPOINT_DIR)
+        if final and self.is_fsdp_enabled and "FULL" not in str(self.accelerator.state.fsdp_plugin.state_dict_type):
+            # The Trainer writes FSDP's sharded state into checkpoints only, and no weights at all here; the final
+            # model is a normal HF checkpoint, gathered by every process (a collective), written by the main one.
+            state_dict, _ = full_state_dicts(self.model)  # accelerate's get_state_dict keeps the plugin's shards
+            if self.args.should_save:
+                self._save(output_dir, state_dict=state_dict)
+        super().save_model(output_dir, _internal_call)
         if not self.args.should_save:
             return
-        if self.args.save_merged_model and not os.path.basename(os.path.normpath(output_dir)).startswith(
-                PREFIX_CHECKPOINT_DIR):
+        os.makedirs(output_dir, exist_ok=True)  # under FSDP a checkpoint's weights come later (its optimizer step)
+        if self.args.save_merged_model and final:
             publish.save_merged(self.accelerator.unwrap_model(self.model), output_dir, self.is_deepspeed_enabled)
         publish.write_run_config(self, output_dir)
 

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, T
 
 from .algorithms import advantage_spec
 from .config import VerlConfig, fields_set_away
-from .distributed import deepspeed_inference, is_zero3, zero_stage
+from .distributed import deepspeed_inference, fsdp_version, is_zero3, sharded_like_actor, zero_stage
 from .rewards import resolve_reward_funcs
 from .roles import Critic, ReferencePolicy, RewardModel
 
@@ -246,8 +246,11 @@ def load_policy(model, peft_config, args: VerlConfig):
 
 def make_reference(trainer, ref_policy, args) -> ReferencePolicy:
     actor_model = trainer.model
-    if zero_stage(trainer.accelerator) == 3 and not hasattr(actor_model, "disable_adapter") and not isinstance(ref_policy, ReferencePolicy):
+    own_copy = not hasattr(actor_model, "disable_adapter") and not isinstance(ref_policy, ReferencePolicy)
+    if zero_stage(trainer.accelerator) == 3 and own_copy:
         return zero3_reference(trainer, ref_policy, args)
+    if fsdp_version(trainer.accelerator) == 2 and own_copy:
+        return fsdp2_reference(trainer, ref_policy, args)
     if ref_policy is None:
         return ReferencePolicy.from_actor(actor_model, args.temperature, args.logits_chunk_size)
     if isinstance(ref_policy, ReferencePolicy):
@@ -268,7 +271,8 @@ def policy_path(model) -> str | None:
 
 def make_critic(critic, policy, args: VerlConfig, trainer=None) -> Critic | None:
     """The PPO critic: given (role, model or path), or a value head on the policy's own checkpoint. Under
-    DeepSpeed it gets its own engine with the run's ZeRO stage; under DDP its gradients are averaged in step()."""
+    DeepSpeed it gets its own engine with the run's ZeRO stage, under FSDP2 it is sharded like the actor; under
+    DDP its gradients are averaged in step()."""
     if not advantage_spec(args.adv_estimator).needs_values:
         if critic is not None:
             raise ValueError(f"critic= is given but adv_estimator={args.adv_estimator!r} uses no values; set "
@@ -286,6 +290,9 @@ def make_critic(critic, policy, args: VerlConfig, trainer=None) -> Critic | None
     role.learning_rate, role.max_grad_norm = args.critic_learning_rate, args.max_grad_norm
     if trainer is not None and zero_stage(trainer.accelerator) is not None:
         return role.use_deepspeed(trainer.accelerator.state.deepspeed_plugin.deepspeed_config)
+    if trainer is not None and fsdp_version(trainer.accelerator) == 2:
+        role.model = sharded_like_actor(trainer.accelerator, role.model)  # FSDP2 averages its gradients
+        return role
     role.model.to(args.device)
     return role
 
@@ -323,14 +330,30 @@ def zero3_reference(trainer, ref_policy, args: VerlConfig) -> ReferencePolicy:
     return role
 
 
+def fsdp2_reference(trainer, ref_policy, args: VerlConfig) -> ReferencePolicy:
+    """The KL reference under FSDP2: the starting policy loaded again (or `ref_policy`), frozen and sharded like
+    the actor."""
+    path = ref_policy if isinstance(ref_policy, str) else policy_path(trainer.model) if ref_policy is None else None
+    if path is None and ref_policy is None:
+        raise ValueError("under FSDP2 the KL reference is loaded from a path: pass ref_policy='<id or path>' "
+                         "(the policy has no path to reload its starting weights from).")
+    dtype = next(trainer.model.parameters()).dtype  # as the actor was loaded (fp32 master weights under bf16)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype) if path is not None else ref_policy
+    model.eval().requires_grad_(False)
+    return ReferencePolicy(sharded_like_actor(trainer.accelerator, model), temperature=args.temperature,
+                           logits_chunk_size=args.logits_chunk_size)
+
+
 def place_reward_models(trainer, reward_funcs) -> None:
-    """Reward models live where the actor lives: sharded by a DeepSpeed inference engine under ZeRO-3, else
-    a full frozen copy on each process's device."""
+    """Reward models live where the actor lives: sharded by a DeepSpeed inference engine under ZeRO-3, sharded
+    with `fully_shard` under FSDP2, else a full frozen copy on each process's device."""
     for _, func in reward_funcs:
         if not isinstance(func, RewardModel):
             continue
         if zero_stage(trainer.accelerator) == 3:
             func.engine = deepspeed_inference(trainer.accelerator, func.model)
             func.model = func.engine.module
+        elif fsdp_version(trainer.accelerator) == 2:
+            func.model = sharded_like_actor(trainer.accelerator, func.model)
         else:
             func.model.to(trainer.args.device)

@@ -38,6 +38,7 @@ def rollout_is_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tenso
                          f"{level!r}, {mode!r}.")
     mask = response_mask.float()
     log_ratio = (old_logprobs.detach() - rollout_logprobs.detach()).float() * mask
+    largest_gap = log_ratio.abs().max().item() if log_ratio.numel() else 0.0  # per token, before any summing
     if level == "sequence":
         log_ratio = log_ratio.sum(dim=1, keepdim=True).expand_as(mask)
     raw = torch.exp(log_ratio.clamp(max=20.0))  # exp(20) ~ 5e8 already saturates any threshold
@@ -49,6 +50,7 @@ def rollout_is_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tenso
         weights = raw * ~rejected
     metrics = {"rollout_is/mean": masked_mean(raw, mask).item(), "rollout_is/max": (raw * mask).max().item(),
                "rollout_is/rejected_frac": masked_mean(rejected.float(), mask).item(),
+               "rollout_is/logprob_gap_max": largest_gap,
                "rollout_is/mismatch_k1": masked_mean(-log_ratio if level == "token" else
                                                      (rollout_logprobs - old_logprobs).float(), mask).item()}
     return weights * mask, metrics

@@ -13,6 +13,8 @@ import math
 
 import torch
 
+from ..distributed import is_fsdp2
+
 
 @torch.no_grad()
 def score_in_chunks(model, sequences, micro_batch_size, score) -> torch.Tensor:
@@ -128,8 +130,10 @@ class TrainableRole(Role):
         norm skips the step (the gradients are dropped; the caller sees the norm). Under several processes
         (torch.distributed) the gradients are averaged across them first."""
         self._ensure_optimizer()
-        average_gradients(self.model)
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm or float("inf")).item()
+        if not is_fsdp2(self.model):  # FSDP2's backward already reduce-scattered (averaged) the gradients
+            average_gradients(self.model)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm or float("inf"))
+        norm = (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item()
         if math.isfinite(norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -14,6 +14,7 @@ import os
 import torch
 
 from ..batch import RolloutBatch
+from ..distributed import full_state_dicts, is_fsdp2, load_full_state_dicts
 from .base import TrainableRole, score_in_chunks
 
 
@@ -83,23 +84,32 @@ class Critic(TrainableRole):
 
     def save_checkpoint(self, path: str, main_process: bool = True) -> None:
         """Weights and optimizer state: a DeepSpeed checkpoint (every rank writes its shards), else an HF model
-        folder plus optimizer.pt written by the main process."""
+        folder plus optimizer.pt written by the main process (under FSDP2 gathered whole first, by everyone)."""
         if self.engine is not None:
             self.engine.save_checkpoint(path)
             return
+        if is_fsdp2(self.model):
+            weights, optimizer = full_state_dicts(self.model, self.optimizer)
+        else:
+            weights, optimizer = None, self.optimizer.state_dict() if self.optimizer is not None else None
         if main_process:
-            self.model.save_pretrained(path)
-            if self.optimizer is not None:
-                torch.save(self.optimizer.state_dict(), os.path.join(path, "optimizer.pt"))
+            self.model.save_pretrained(path, state_dict=weights)
+            if optimizer is not None:
+                torch.save(optimizer, os.path.join(path, "optimizer.pt"))
 
     def load_checkpoint(self, path: str) -> None:
         if self.engine is not None:
             self.engine.load_checkpoint(path, load_optimizer_states=True, load_lr_scheduler_states=False)
             return
-        self.model.load_state_dict(type(self.model).from_pretrained(path).state_dict())
+        weights = type(self.model).from_pretrained(path).state_dict()
         state_path = os.path.join(path, "optimizer.pt")
-        if os.path.exists(state_path):
-            self.load_optimizer_state(torch.load(state_path, weights_only=True))
+        optimizer = torch.load(state_path, weights_only=True) if os.path.exists(state_path) else None
+        if is_fsdp2(self.model):
+            load_full_state_dicts(self.model, self._ensure_optimizer() if optimizer else None, weights, optimizer)
+            return
+        self.model.load_state_dict(weights)
+        if optimizer is not None:
+            self.load_optimizer_state(optimizer)
 
     def compute_values(self, sequences: RolloutBatch, micro_batch_size: int | None = None) -> torch.Tensor:
         """Token-level values (B, Lr), zero outside the response mask; no gradients."""

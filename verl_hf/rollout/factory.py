@@ -28,17 +28,19 @@ def eos_token_ids(model, tokenizer) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
-def make_rollout_engine(model, tokenizer, args: VerlConfig, *, zero_stage: int | None) -> RolloutEngine:
+def make_rollout_engine(model, tokenizer, args: VerlConfig, *, zero_stage: int | None,
+                        fsdp2: bool = False) -> RolloutEngine:
     """The engine `args.rollout_engine` names, for the training `model` (possibly PEFT- or DeepSpeed-wrapped).
-    `zero_stage`: the run's DeepSpeed ZeRO stage (None without DeepSpeed); 'auto' HF weights copy under 3."""
+    `zero_stage`: the run's DeepSpeed ZeRO stage (None without DeepSpeed); `fsdp2`: the run shards with FSDP2
+    (the model itself is sharded only when training starts). 'auto' HF weights copy under ZeRO-3 and FSDP2."""
     if args.rollout_engine == "vllm":
         return make_vllm_engine(model, tokenizer, args)
     if args.rollout_engine == "vllm_server":
         return make_vllm_server_engine(model, tokenizer, args)
-    return make_hf_engine(model, tokenizer, args, zero_stage=zero_stage)
+    return make_hf_engine(model, tokenizer, args, zero_stage=zero_stage, fsdp2=fsdp2)
 
 
-def make_hf_engine(model, tokenizer, args: VerlConfig, *, zero_stage: int | None) -> RolloutEngine:
+def make_hf_engine(model, tokenizer, args: VerlConfig, *, zero_stage: int | None, fsdp2: bool = False) -> RolloutEngine:
     """The HF engine in the form `rollout_hf_weights` asks for ('auto': see VerlConfig)."""
     form = args.rollout_hf_weights
     if form == "auto":
@@ -50,7 +52,7 @@ def make_hf_engine(model, tokenizer, args: VerlConfig, *, zero_stage: int | None
         # whole base model again).
         mixed = rollout_dtype(args, model) != next(model.parameters()).dtype
         cpu_copy = mixed and not torch.cuda.is_available() and not hasattr(model, "get_base_model") and zero_stage is None
-        form = "copy" if zero_stage == 3 or cpu_copy else "shared"
+        form = "copy" if zero_stage == 3 or fsdp2 or cpu_copy else "shared"
     eos = eos_token_ids(model, tokenizer)
     if form == "shared":
         if args.rollout_dtype != "auto":

@@ -1,8 +1,9 @@
-"""Layer 2 of the weight sync: full tensors from (possibly ZeRO-3-sharded) training weights, bucket by bucket.
+"""Layer 2 of the weight sync: full tensors from (possibly ZeRO-3- or FSDP2-sharded) training weights, bucket
+by bucket.
 
 Parameters are walked module by module in the model's order (layer order for HF models). Modules are packed
 into buckets of at most `bucket_bytes` (whole numbered layers only), measured with `ds_numel` (the full size
-of a ZeRO-3 partition); the extra memory is one bucket, never the whole model. A PEFT LoRA module is one unit: its base weight plus
+of a ZeRO-3 partition; a DTensor's own numel is the full one); the extra memory is one bucket, never the whole model. A PEFT LoRA module is one unit: its base weight plus
 `get_delta_weight` of each active adapter (PEFT's own merge math), so no full merged model is ever built.
 
 ZeRO-3 weights are all-gathered straight from their partitions (`ds_tensor`: rank r holds elements
@@ -13,18 +14,24 @@ embedding, also with plain torch.distributed.all_gather), so one large embedding
 LoRA modules (PEFT reads their weights in place), offloaded or quantised partitions still go through
 GatheredParameters, and `sync_verify` compares against GatheredParameters, an independent path.
 
-See it work: tests/test_sync.py, tests/test_distributed.py.
+FSDP2 weights (DTensors split by rows) take the same chunked gather from their local shards, each padded to
+the common shard length. A LoRA module under FSDP2 is merged on its shards (PEFT's math runs on DTensors: the
+small lora_A is gathered by DTensor itself) and the merged weight gathered once. `sync_verify` compares
+against DTensor's own `full_tensor()`.
+
+See it work: tests/test_sync.py, tests/test_distributed.py, tests/test_fsdp2.py.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 from dataclasses import dataclass, field
 
 import torch
 
-from ..distributed import gathered_params, is_zero3, process_rank  # noqa: F401  (is_zero3: its former home)
+from ..distributed import gathered_params, is_dtensor, is_zero3, process_rank  # noqa: F401  (is_zero3: its former home)
 from .names import engine_name
 
 
@@ -132,21 +139,20 @@ def _partition_gatherable(p) -> bool:
             and not hasattr(part, "ds_quant_scale"))
 
 
-def gather_partitioned(p: torch.Tensor, device, chunk_bytes: int = CHUNK_BYTES, dst: int | None = None):
-    """The full tensor of a ZeRO-3 parameter, gathered from its partitions chunk by chunk: on every process
-    (`dst=None`, all-gather), or on global rank `dst` only (None is returned elsewhere)."""
+def _gather_flat(part: torch.Tensor, group, device, chunk_bytes: int, dst: int | None) -> torch.Tensor | None:
+    """Every process's equally long flat `part`, as rows of a (world, part size) tensor: on every process
+    (`dst=None`, all-gather) or on global rank `dst` only (None elsewhere); in pieces of at most `chunk_bytes`
+    for all processes together, so that gloo's second copy of a collective's output stays small."""
     import torch.distributed as dist
 
-    group = p.ds_process_group
     world = dist.get_world_size(group=group)
     receives = dst is None or dist.get_rank() == dst
-    part = p.ds_tensor.view(-1)
     size = part.numel()
-    step = min(max(chunk_bytes // (world * part.element_size()), 1), size)
-    full = torch.empty(world * size, dtype=part.dtype, device=device) if receives else None
+    step = max(min(max(chunk_bytes // (world * part.element_size()), 1), size), 1)
+    full = torch.empty(world, size, dtype=part.dtype, device=device) if receives else None
     if dst is None and step == size and part.device == torch.device(device):  # small: straight into the result
-        dist.all_gather_into_tensor(full, part, group=group)
-        return full[: p.ds_numel].view(p.ds_shape)
+        dist.all_gather_into_tensor(full.view(-1), part, group=group)
+        return full
     staging = torch.empty(world * step, dtype=part.dtype, device=device) if receives else None
     for start in range(0, size, step):
         piece = part[start : start + step].to(device).contiguous()
@@ -156,23 +162,77 @@ def gather_partitioned(p: torch.Tensor, device, chunk_bytes: int = CHUNK_BYTES, 
         else:
             dist.gather(piece, list(out.view(world, -1)) if receives else None, dst=dst, group=group)
         if receives:
-            full.view(world, size)[:, start : start + piece.numel()].copy_(out.view(world, -1))
-    return full[: p.ds_numel].view(p.ds_shape) if receives else None
+            full[:, start : start + piece.numel()].copy_(out.view(world, -1))
+    return full
+
+
+def gather_partitioned(p: torch.Tensor, device, chunk_bytes: int = CHUNK_BYTES, dst: int | None = None):
+    """The full tensor of a ZeRO-3 parameter, gathered from its partitions chunk by chunk: on every process
+    (`dst=None`, all-gather), or on global rank `dst` only (None is returned elsewhere)."""
+    full = _gather_flat(p.ds_tensor.view(-1), p.ds_process_group, device, chunk_bytes, dst)
+    return None if full is None else full.view(-1)[: p.ds_numel].view(p.ds_shape)
+
+
+def _row_sharded(t) -> bool:
+    """A DTensor split by rows over a one-dimensional mesh: FSDP2's `fully_shard` layout (`Shard(0)`)."""
+    from torch.distributed.tensor import Shard
+
+    return t.device_mesh.ndim == 1 and tuple(t.placements) == (Shard(0),)
+
+
+def _mesh_device(t) -> torch.device:
+    """Where a DTensor's collectives run: its mesh's device (with CPU offload the shard itself is on the CPU)."""
+    kind = t.device_mesh.device_type
+    return torch.device(kind, torch.cuda.current_device()) if kind == "cuda" else torch.device(kind)
+
+
+def gather_dtensor(t, chunk_bytes: int = CHUNK_BYTES, dst: int | None = None):
+    """The full tensor of a DTensor (an FSDP2 parameter, or a LoRA weight merged on its shards), on every process
+    (`dst=None`) or on global rank `dst` only (None elsewhere), on its mesh's device. FSDP2 splits dim 0 like
+    `torch.chunk`: ceil(rows / world) rows per process, fewer (or none) on the last, so each shard is padded to
+    that many rows, gathered chunk by chunk (as ZeRO-3 partitions are), and the padding cut off. Other
+    layouts (2-D meshes, tensor parallelism) take DTensor's own `full_tensor()` on every process."""
+    import torch.distributed as dist
+
+    device = _mesh_device(t)
+    if not _row_sharded(t):
+        full = t.full_tensor().to(device)
+        return full if dst is None or dist.get_rank() == dst else None
+    group = t.device_mesh.get_group()
+    world = dist.get_world_size(group=group)
+    rows, rest = -(-t.shape[0] // world), t.shape[1:]
+    part = t.to_local().detach().reshape(-1)
+    padded = rows * math.prod(rest)
+    if part.numel() < padded:
+        part = torch.cat([part, part.new_zeros(padded - part.numel())])
+    full = _gather_flat(part, group, device, chunk_bytes, dst)
+    return None if full is None else full.view(world * rows, *rest)[: t.shape[0]]
+
+
+def full_tensor(t) -> torch.Tensor:
+    """`t` whole on this process: DTensor's own gather (`full_tensor()`, a collective), else `t` itself. The
+    independent path `sync_verify` compares the sync's gather with."""
+    return t.full_tensor() if is_dtensor(t) else t
 
 
 @contextlib.contextmanager
 def bucket_tensors(units: list[Unit], device, dst: int | None = None):
     """(engine name, full tensor) pairs of a bucket, in unit order, valid inside the block. With `dst`, only
-    that rank gets ZeRO-3 partitions (the others get an empty list); LoRA modules and offloaded partitions go
-    through DeepSpeed's GatheredParameters, which gathers on every rank."""
+    that rank gets the gathered tensors (the others get an empty list). ZeRO-3 partitions and FSDP2 DTensors
+    are gathered chunk by chunk; ZeRO-3 LoRA modules and offloaded partitions go through DeepSpeed's
+    GatheredParameters, which gathers on every rank."""
     direct = [u for u in units if not u.lora and u.params and all(_partition_gatherable(p) for _, p in u.params)]
+    sharded = [u for u in units if u.params and all(is_dtensor(p) for _, p in u.params)]
     receives = dst is None or process_rank() == dst
-    with gathered([u for u in units if u not in direct]):
+    with gathered([u for u in units if u not in direct and u not in sharded]):
         pairs = []
         for unit in units:
             if unit in direct:
                 full = [gather_partitioned(p, device, dst=dst) for _, p in unit.params]
                 pairs += list(zip(unit.engine_names(), full)) if receives else []
+            elif unit in sharded:  # FSDP2: a LoRA module is merged on its shards first, then gathered once
+                full = [(name, gather_dtensor(t, dst=dst)) for name, t in unit_tensors(unit)]
+                pairs += full if receives else []
             elif receives:
                 pairs += unit_tensors(unit)
         try:

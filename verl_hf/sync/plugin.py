@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..distributed import process_rank
-from .gather import bucket_tensors, engine_names, gathered, plan_buckets, unit_tensors, weight_units
+from .gather import bucket_tensors, engine_names, full_tensor, gathered, plan_buckets, unit_tensors, weight_units
 from .memory import PeakMemory
 from .names import check_names
 from .push import mismatched_weights, push_bucket
@@ -118,14 +118,17 @@ class WeightSync:
 
     def check(self, model: torch.nn.Module, engine: RolloutEngine, buckets=None) -> None:
         """Compare the engine's weights with the training weights gathered by DeepSpeed's own
-        GatheredParameters (independent of the sync's gather), bitwise; raise on any difference."""
+        GatheredParameters or DTensor's `full_tensor()` (independent of the sync's gather), bitwise; raise on any
+        difference."""
         if buckets is None:
             buckets, _ = plan_buckets(weight_units(model), self.bucket_bytes)
         bad = []
         for bucket in buckets:
             with gathered(bucket):
+                # full_tensor() is a collective: every process gathers, the engine's owner compares
+                pairs = [(name, full_tensor(t)) for unit in bucket for name, t in unit_tensors(unit)]
                 if self.owns_engine:
-                    bad += mismatched_weights(engine, [pair for unit in bucket for pair in unit_tensors(unit)])
+                    bad += mismatched_weights(engine, pairs)
         if bad:
             raise RuntimeError(f"sync_verify: after the sync the engine's {bad[0]!r} differs from the training weight "
                                f"({len(bad)} weights differ). The rollout would sample from other weights than the "
