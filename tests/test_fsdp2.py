@@ -51,6 +51,23 @@ SYNC_SCRIPT = textwrap.dedent('''
     sharded(model, model.model.layers)
     VERIFIED_SYNCS
 
+    # accelerate gives the LM head its own unit (with the norm and the tied embedding): FSDP2 swaps its class,
+    # and the chunked LM-head path must still take it
+    from verl_hf.roles.scoring import _why_full_logits
+    tail = AutoModelForCausalLM.from_pretrained(str(WARM_START_DIR))
+    fully_shard([tail.model.norm, tail.model.embed_tokens, tail.lm_head])
+    fully_shard(tail)
+    assert type(tail.lm_head) is not torch.nn.Linear and _why_full_logits(tail.config, tail.lm_head) is None
+
+    # generate on the sharded policy itself would pair gathers across ranks by forward count: refused
+    from verl_hf.roles import Actor
+    try:
+        Actor(model, tok)
+    except ValueError as e:
+        assert "FSDP2-sharded policy itself" in str(e) and "HFCopyEngine" in str(e), e
+    else:
+        raise AssertionError("HF generate on an FSDP2 policy was not refused")
+
     # 4. LoRA merged on the shards: the engine holds exactly what peft's merge_and_unload computes unsharded
     def with_adapters():
         torch.manual_seed(1)

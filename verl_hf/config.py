@@ -595,7 +595,9 @@ def _apply_cpu_fsdp_fix(cfg: "VerlConfig") -> None:
     if cfg.fp16:
         raise ValueError("fp16 under FSDP2 on a machine without GPUs: its gradient scaler is GPU-only; use "
                          "--mixed_precision bf16 or no.")
-    offload = os.environ.get("FSDP_OFFLOAD_PARAMS", "").lower() == "true" or "offload" in str(cfg.fsdp)
+    config = cfg.fsdp_config if isinstance(cfg.fsdp_config, dict) else {}
+    offload = (os.environ.get("FSDP_OFFLOAD_PARAMS", "").lower() == "true" or "offload" in str(cfg.fsdp)
+               or str(config.get("cpu_offload", config.get("offload_params", ""))).lower() == "true")
     if offload:
         raise ValueError("fsdp_offload_params=true on a machine without GPUs: the shards already live in CPU memory "
                          "(and FSDP2's offload pins memory, which needs an accelerator); set fsdp_offload_params: "

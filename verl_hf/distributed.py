@@ -9,6 +9,7 @@ See it work: tests/test_sync_zero3.py, tests/test_distributed.py, tests/test_fsd
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import torch
 
@@ -29,6 +30,19 @@ def is_zero3(model_or_params) -> bool:
 def is_dtensor(p) -> bool:
     """True for a DTensor parameter (FSDP2's `fully_shard`, or tensor parallelism)."""
     return type(p).__name__ == "DTensor" or getattr(p, "_local_tensor", None) is not None
+
+
+def mesh_device(t) -> torch.device:
+    """Where a DTensor's collectives and its module's forward run: its mesh's device (with FSDP2's CPU offload
+    the shard itself lives on the CPU)."""
+    kind = t.device_mesh.device_type
+    return torch.device(kind, torch.cuda.current_device()) if kind == "cuda" else torch.device(kind)
+
+
+def compute_device(model: torch.nn.Module) -> torch.device:
+    """The device `model` computes on: its parameters' device, or for FSDP2 its mesh's device."""
+    first = next(model.parameters())
+    return mesh_device(first) if is_dtensor(first) else first.device
 
 
 def is_fsdp2(model_or_params) -> bool:
@@ -81,29 +95,38 @@ def fsdp_version(accelerator) -> int | None:
     return None if plugin is None else getattr(plugin, "fsdp_version", 1)
 
 
-def sharded_like_actor(accelerator, model: torch.nn.Module) -> torch.nn.Module:
-    """Under FSDP2: `model` (a frozen role, or the critic) sharded in place as accelerate shards the actor:
-    each decoder layer (the classes of `_no_split_modules`) its own `fully_shard` unit, the rest in the root,
-    with the run's mixed-precision, CPU-offload and reshard settings. Elsewhere returned as it is.
+def sharded_like_actor(accelerator, model: torch.nn.Module, frozen: bool = True) -> torch.nn.Module:
+    """Under FSDP2: `model` (a frozen role, or the critic with `frozen=False`) sharded in place as accelerate
+    shards the actor: each decoder layer its own `fully_shard` unit (the plugin's layer classes where this
+    model has them, else its own `_no_split_modules`), the rest in the root, on the run's mesh, with its
+    mixed-precision and CPU-offload settings. A trained role keeps fp32 master weights under mixed precision
+    (as accelerate gives the actor) and the run's reshard setting; a frozen one, which has no backward to free
+    its gathered weights, reshards after every forward, root included. Elsewhere returned as it is.
 
     Not accelerate's `fsdp2_prepare_model`: that one fixes the plugin's layer classes on the first model it
     sees (the actor's), so a reward model of another architecture could not be sharded after it."""
     if fsdp_version(accelerator) != 2 or is_fsdp2(model):
         return model
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
     plugin = accelerator.state.fsdp_plugin
-    # cpu_ram_efficient_loading: transformers loaded the weights on rank 0 only (empty tensors elsewhere)
+    if not frozen and accelerator.mixed_precision != "no":
+        for p in model.parameters():
+            if p.requires_grad and p.dtype != torch.float32:
+                p.data = p.data.float()
+    # cpu_ram_efficient_loading: transformers loaded the weights on rank 0 only (zeros elsewhere)
     loaded = model.state_dict() if plugin.cpu_ram_efficient_loading else None
-    kwargs = {"reshard_after_forward": plugin.reshard_after_forward, "offload_policy": plugin.cpu_offload,
-              "mp_policy": plugin.mixed_precision_policy or MixedPrecisionPolicy()}
-    layer_classes = tuple(getattr(model, "_no_split_modules", None) or ())
+    mesh = getattr(accelerator, "torch_device_mesh", None)
+    kwargs = {"offload_policy": plugin.cpu_offload, "mp_policy": plugin.mixed_precision_policy or MixedPrecisionPolicy(),
+              "mesh": mesh[tuple(accelerator.parallelism_config.fsdp_dim_names)] if mesh is not None else None}
+    names = {type(m).__name__ for m in model.modules()}
+    layer_classes = set(plugin.transformer_cls_names_to_wrap or ()) & names or set(
+        getattr(model, "_no_split_modules", None) or ())
     for module in list(model.modules())[1:]:
         if type(module).__name__ in layer_classes:
-            fully_shard(module, **kwargs)
-    fully_shard(model, **{k: v for k, v in kwargs.items() if k != "reshard_after_forward"})
+            fully_shard(module, reshard_after_forward=True if frozen else plugin.reshard_after_forward, **kwargs)
+    fully_shard(model, **kwargs, **({"reshard_after_forward": True} if frozen else {}))
     if loaded is not None:
         set_model_state_dict(model, loaded, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     return model
@@ -123,18 +146,32 @@ def shard_actor(accelerator, model: torch.nn.Module) -> torch.nn.Module:
     plugin.set_auto_wrap_policy(model)
     if plugin.activation_checkpointing:
         model = fsdp2_apply_ac(accelerator, model)
-        # applied once, here: `prepare` would wrap every layer a second time (its policy sees through wrappers)
-        plugin.activation_checkpointing = False
     return fsdp2_prepare_model(accelerator, model)
 
 
-def full_state_dicts(model: torch.nn.Module, optimizer=None) -> tuple[dict, dict | None]:
+@contextlib.contextmanager
+def actor_already_prepared(accelerator):
+    """Around the Trainer's `prepare` of a policy that `shard_actor` sharded (and checkpointed) already: the
+    plugin's activation checkpointing off meanwhile, since accelerate would wrap every layer a second time (its
+    policy sees through the wrappers). Restored after: the plugin belongs to the process's accelerator state."""
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    if plugin is None or getattr(plugin, "fsdp_version", 1) != 2:
+        yield
+        return
+    applied, plugin.activation_checkpointing = plugin.activation_checkpointing, False
+    try:
+        yield
+    finally:
+        plugin.activation_checkpointing = applied
+
+
+def full_state_dicts(model: torch.nn.Module, optimizer=None, trainable_only: bool = False) -> tuple[dict, dict | None]:
     """An FSDP2 model's (and its optimizer's) state gathered whole, on the CPU: (weights, optimizer state or
     None). A collective: every process calls it; the full tensors arrive on rank 0 (the others get empty dicts:
-    `cpu_offload` keeps them there only)."""
+    `cpu_offload` keeps them there only). `trainable_only`: leave frozen weights out (a LoRA model's base)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only)
     weights = get_model_state_dict(model, options=options)
     # Tied weights (a shared embedding and LM head) come back as two copies; one tensor under both names again,
     # so that save_pretrained drops the tied name as it does for an unsharded model.
@@ -167,8 +204,11 @@ def install_cpu_fsdp(accelerator, plugin_args: dict | None) -> bool:
 
     wanted = os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" or plugin_args is not None
     state = accelerator.state
-    if not wanted or getattr(state, "fsdp_plugin", None) is not None or torch.cuda.is_available() \
-            or accelerator.num_processes < 2:
+    if not wanted or getattr(state, "fsdp_plugin", None) is not None or torch.cuda.is_available():
+        return False
+    if accelerator.num_processes < 2:
+        logging.getLogger(__name__).warning("FSDP with one process on a machine without GPUs: nothing to shard "
+                                            "over, so it trains unsharded (launch --num_processes 2 or more).")
         return False
     plugin = FullyShardedDataParallelPlugin(**(plugin_args or {}))
     if state.mixed_precision != "no":

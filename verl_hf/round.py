@@ -22,6 +22,7 @@ import torch
 from .algorithms import LossNorm, advantage_spec, group_all_equal, group_stats, kl_penalty, masked_mean
 from .algorithms import place_outcome_rewards
 from .batch import RolloutBatch, concat_batches
+from .distributed import is_sharded
 from .rewards import score_completions
 from .rewards.shaping import overlong_penalty
 from .state import MetricBuffer, RefillStream, RolloutSeeds
@@ -165,13 +166,20 @@ class RoundBuilder:
 
     def _any_process_short(self, kept: RolloutBatch | None) -> bool:
         """Whether this round still needs informative groups. With an engine whose calls are collective (a
-        tensor-parallel vLLM, the HF engine on ZeRO-3 partitions) every process refills as long as any process
-        is short, so that all call it equally often (a full process's extra groups are trimmed away)."""
+        tensor-parallel vLLM, the HF engine on ZeRO-3 partitions), or a sharded reward or cost model, every
+        process refills as long as any process is short, so that all call them equally often (a full process's
+        extra groups are trimmed away)."""
         short = _num_groups(kept) < self.args.prompts_per_round
-        if not getattr(self.actor.engine, "calls_are_collective", False):
+        if not (getattr(self.actor.engine, "calls_are_collective", False) or self._scoring_is_collective()):
             return short
         device = self.args.device if self.args.world_size > 1 else "cpu"
         return bool(self.reduce_sum(torch.tensor([float(short)], device=device)).item() > 0)
+
+    def _scoring_is_collective(self) -> bool:
+        """A reward or cost model sharded over the processes (ZeRO-3, FSDP2): every refill's scoring is a
+        collective too."""
+        funcs = [f for _, f in self.rewards.funcs] + [f for _, f in getattr(self.constraint, "cost_funcs", ())]
+        return any(getattr(f, "runs_collectives", False) and is_sharded(f.model) for f in funcs)
 
     def _split(self, batch: RolloutBatch):
         return split_informative(batch, self.constraint, self.args.singleton_group_advantage == "score")

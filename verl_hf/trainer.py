@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import time
 
 import torch
@@ -25,7 +26,8 @@ from . import publish, saving
 from . import trainer_setup as setup
 from .checkpoint import RLCheckpoint
 from .data import RoundBatchSampler, RoundDataLoader, keep_rows, prepare_datasets, prepare_prompts, prompt_options
-from .distributed import fsdp_version, full_state_dicts, install_cpu_fsdp, is_sharded, shard_actor, zero_stage
+from .distributed import (actor_already_prepared, fsdp_version, full_state_dicts, install_cpu_fsdp, is_sharded,
+                          shard_actor, zero_stage)
 from .evaluation import evaluate_rewards
 from .nonfinite import NonFiniteGuard, check_finite_loss, check_finite_weights
 from .roles import Actor
@@ -115,6 +117,12 @@ class VerlTrainer(Trainer):
         super().create_accelerator_and_postprocess()
         if install_cpu_fsdp(self.accelerator, self.args.fsdp_plugin_args):
             self.is_fsdp_enabled = True
+            setup.check_fsdp_plugin(self.accelerator.state.fsdp_plugin, self.args)  # the Trainer's own FSDP checks
+
+    def _prepare_for_training(self, *args, **kwargs):
+        """The Trainer's `prepare`; under FSDP2 the policy was sharded at construction (distributed.shard_actor)."""
+        with actor_already_prepared(self.accelerator):
+            return super()._prepare_for_training(*args, **kwargs)
 
     def _build_rl_parts(self) -> None:
         """The round builder, the update and the named state between steps, and the checkpoint that saves it."""
@@ -316,11 +324,12 @@ class VerlTrainer(Trainer):
         check_finite_weights({"policy": self.model, **{prefix: c.model for c, _, _, prefix in self.critics}},
                              pooled, self.args.device, output_dir or self.args.output_dir)
         output_dir = output_dir or self.args.output_dir
-        final = not os.path.basename(os.path.normpath(output_dir)).startswith(PREFIX_CHECKPOINT_DIR)
+        final = re.fullmatch(rf"{PREFIX_CHECKPOINT_DIR}-\d+", os.path.basename(os.path.normpath(output_dir))) is None
         if final and self.is_fsdp_enabled and "FULL" not in str(self.accelerator.state.fsdp_plugin.state_dict_type):
             # The Trainer writes FSDP's sharded state into checkpoints only, and no weights at all here; the final
             # model is a normal HF checkpoint, gathered by every process (a collective), written by the main one.
-            state_dict, _ = full_state_dicts(self.model)  # accelerate's get_state_dict keeps the plugin's shards
+            # gathered here rather than by the plugin's state-dict type; a PEFT model's frozen base stays sharded
+            state_dict, _ = full_state_dicts(self.model, trainable_only=hasattr(self.model, "peft_config"))
             if self.args.should_save:
                 self._save(output_dir, state_dict=state_dict)
         super().save_model(output_dir, _internal_call)

@@ -249,7 +249,9 @@ def make_reference(trainer, ref_policy, args) -> ReferencePolicy:
     own_copy = not hasattr(actor_model, "disable_adapter") and not isinstance(ref_policy, ReferencePolicy)
     if zero_stage(trainer.accelerator) == 3 and own_copy:
         return zero3_reference(trainer, ref_policy, args)
-    if fsdp_version(trainer.accelerator) == 2 and own_copy:
+    # FSDP2: any reference model of our own is sharded like the actor, also one given beside a LoRA actor
+    if fsdp_version(trainer.accelerator) == 2 and (own_copy or ref_policy is not None and not isinstance(
+            ref_policy, ReferencePolicy)):
         return fsdp2_reference(trainer, ref_policy, args)
     if ref_policy is None:
         return ReferencePolicy.from_actor(actor_model, args.temperature, args.logits_chunk_size)
@@ -291,7 +293,7 @@ def make_critic(critic, policy, args: VerlConfig, trainer=None) -> Critic | None
     if trainer is not None and zero_stage(trainer.accelerator) is not None:
         return role.use_deepspeed(trainer.accelerator.state.deepspeed_plugin.deepspeed_config)
     if trainer is not None and fsdp_version(trainer.accelerator) == 2:
-        role.model = sharded_like_actor(trainer.accelerator, role.model)  # FSDP2 averages its gradients
+        role.model = sharded_like_actor(trainer.accelerator, role.model, frozen=False)  # FSDP2 averages its gradients
         return role
     role.model.to(args.device)
     return role
@@ -337,11 +339,21 @@ def fsdp2_reference(trainer, ref_policy, args: VerlConfig) -> ReferencePolicy:
     if path is None and ref_policy is None:
         raise ValueError("under FSDP2 the KL reference is loaded from a path: pass ref_policy='<id or path>' "
                          "(the policy has no path to reload its starting weights from).")
-    dtype = next(trainer.model.parameters()).dtype  # as the actor was loaded (fp32 master weights under bf16)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype) if path is not None else ref_policy
+    # the checkpoint's own dtype: frozen, it needs no fp32 master copy (FSDP2's mixed precision computes in bf16)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype="auto") if path is not None else ref_policy
     model.eval().requires_grad_(False)
     return ReferencePolicy(sharded_like_actor(trainer.accelerator, model), temperature=args.temperature,
                            logits_chunk_size=args.logits_chunk_size)
+
+
+def check_fsdp_plugin(plugin, args: VerlConfig) -> None:
+    """What the Trainer checks once FSDP is on, for the FSDP that VerlTrainer turned on itself (CPU machines)."""
+    if plugin.activation_checkpointing and args.gradient_checkpointing:
+        raise ValueError("gradient_checkpointing=True together with the FSDP config's activation checkpointing would "
+                         "checkpoint every layer twice; keep one (fsdp_activation_checkpointing under FSDP).")
+    if args.save_only_model and "SHARDED" in str(plugin.state_dict_type):
+        raise ValueError("save_only_model with fsdp_state_dict_type SHARDED_STATE_DICT writes checkpoints without "
+                         "the model's shards (they could not be resumed); use FULL_STATE_DICT or drop save_only_model.")
 
 
 def place_reward_models(trainer, reward_funcs) -> None:

@@ -19,7 +19,7 @@ import contextlib
 import torch
 
 from ..batch import RolloutBatch, row_columns
-from ..distributed import is_zero3
+from ..distributed import is_fsdp2, is_sharded
 from ..rollout import HFSharedEngine, RolloutEngine, SamplingConfig, eos_token_ids
 from ..routing import RoutingReplay
 from .base import TrainableRole, score_in_chunks
@@ -61,10 +61,17 @@ class Actor(TrainableRole):
             from ..sync import WeightSync
 
             self.weight_sync = weight_sync or WeightSync.for_engine(self.engine)
-        elif not self.engine.generates_from(model) and is_zero3(model):
+        elif self.engine.generates_from(model) and is_fsdp2(model):
+            # FSDP2 gathers each layer in every forward, and ranks stop generating after different numbers of
+            # tokens: their forwards, hence their gathers, would not pair up (a hang), and it would be slow.
+            raise ValueError("HF generate on the FSDP2-sharded policy itself is not supported: sample from a copy fed "
+                             "by the weight sync, engine=HFCopyEngine.of(model, pad_token_id, eos_token_ids) "
+                             "(VerlConfig: rollout_hf_weights='copy'), or from vLLM.")
+        elif not self.engine.generates_from(model) and is_sharded(model):
             raise ValueError(f"the rollout engine {type(self.engine).__name__} cannot receive weights, and the policy "
-                             f"is sharded by DeepSpeed ZeRO-3: it would sample from stale weights. Use an engine "
-                             f"with load_weights (receives_weights=True) or HFSharedEngine on the policy itself.")
+                             f"is sharded (DeepSpeed ZeRO-3 or FSDP2): it would sample from stale weights. Use an "
+                             f"engine with load_weights (receives_weights=True), or HFSharedEngine on a ZeRO-3 "
+                             f"policy itself.")
         self._engine_stale = self.weight_sync is not None
         self.routing = self._routing_replay(model) if routing_replay else None
         disable_dropout(model)

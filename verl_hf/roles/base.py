@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from ..distributed import is_fsdp2
+from ..distributed import compute_device, is_fsdp2
 
 
 @torch.no_grad()
@@ -21,7 +21,7 @@ def score_in_chunks(model, sequences, micro_batch_size, score) -> torch.Tensor:
     """`score(model, micro_batch)` (B, Lr) over micro-batches with the model in eval mode (restored after), without
     gradients; the parts concatenated along the batch. Each micro-batch is scored without its all-padding
     columns and its scores padded back with zeros to the batch's response width."""
-    device = next(model.parameters()).device
+    device = compute_device(model)
     width = sequences.response_ids.shape[1]
     was_training = model.training
     model.eval()
@@ -82,7 +82,7 @@ class Role:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return compute_device(self.model)
 
     def deploy(self, pool) -> "Role":
         """Place the model on a `ResourcePool` slice (see verl_hf.placement)."""

@@ -16,6 +16,7 @@ import torch
 
 from ..algorithms import kl_penalty
 from ..batch import RolloutBatch
+from ..distributed import compute_device
 from .base import Role, score_in_chunks
 from .scoring import sequence_logprobs
 
@@ -48,7 +49,7 @@ class ReferencePolicy(Role):
 
     @property
     def device(self) -> torch.device:
-        return next((self.model or self.adapter_model).parameters()).device
+        return compute_device(self.model or self.adapter_model)
 
     def deploy(self, pool) -> "ReferencePolicy":
         if self.adapter_model is not None:

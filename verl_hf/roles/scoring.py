@@ -59,11 +59,22 @@ def _why_full_logits(config, head) -> str | None:
     post = [name for c in configs for name in LOGIT_POSTPROCESSING if getattr(c, name, None) not in (None, 1, 1.0)]
     if post:
         return f"its forward changes the logits after the head ({post[0]})"
-    if type(head) is not torch.nn.Linear:
+    if _unwrapped_class(head) is not torch.nn.Linear:
         return f"its head is a {type(head).__name__}, not a plain nn.Linear (e.g. LoRA on lm_head)"
     if "forward" in head.__dict__ or hasattr(head, "_hf_hook"):
         return "its head's forward is already replaced (accelerate hooks: device_map / offload)"
     return None
+
+
+def _unwrapped_class(module) -> type:
+    """The module's own class: FSDP2's `fully_shard` swaps in a subclass (e.g. FSDPLinear) whose forward is
+    the original one, run inside FSDP's gather hooks."""
+    from torch.distributed.fsdp import FSDPModule
+
+    cls = type(module)
+    if isinstance(module, FSDPModule):
+        return next(c for c in cls.__mro__[1:] if not issubclass(c, FSDPModule))
+    return cls
 
 
 def auto_chunk_size(vocab_size: int) -> int:

@@ -19,7 +19,7 @@ import dataclasses
 
 import torch
 
-from ..distributed import is_zero3, whole_model
+from ..distributed import is_sharded, whole_model
 from ..routing import generation_routes, recorded_routes
 from .base import Rollout, RolloutEngine, SamplingConfig, empty_rollout, left_pad, mask_after_eos
 
@@ -130,8 +130,9 @@ class HFSharedEngine(HFEngine):
 
     @property
     def calls_are_collective(self) -> bool:
-        """Under ZeRO-3 every generate call gathers the partitioned weights together with the other processes."""
-        return is_zero3(self.model)
+        """On sharded weights every generate call gathers them together with the other processes (ZeRO-3; an
+        FSDP2 policy is refused by Actor, whose forwards would not pair up)."""
+        return is_sharded(self.model)
 
     def load_weights(self, named_tensors) -> None:
         """Nothing to copy: the engine's weights are the training weights."""

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..distributed import gathered_params, is_dtensor, is_zero3, process_rank  # noqa: F401  (is_zero3: its former home)
+from ..distributed import gathered_params, is_dtensor, is_zero3, mesh_device, process_rank  # noqa: F401  (is_zero3: its former home)
 from .names import engine_name
 
 
@@ -180,12 +180,6 @@ def _row_sharded(t) -> bool:
     return t.device_mesh.ndim == 1 and tuple(t.placements) == (Shard(0),)
 
 
-def _mesh_device(t) -> torch.device:
-    """Where a DTensor's collectives run: its mesh's device (with CPU offload the shard itself is on the CPU)."""
-    kind = t.device_mesh.device_type
-    return torch.device(kind, torch.cuda.current_device()) if kind == "cuda" else torch.device(kind)
-
-
 def gather_dtensor(t, chunk_bytes: int = CHUNK_BYTES, dst: int | None = None):
     """The full tensor of a DTensor (an FSDP2 parameter, or a LoRA weight merged on its shards), on every process
     (`dst=None`) or on global rank `dst` only (None elsewhere), on its mesh's device. FSDP2 splits dim 0 like
@@ -194,7 +188,7 @@ def gather_dtensor(t, chunk_bytes: int = CHUNK_BYTES, dst: int | None = None):
     layouts (2-D meshes, tensor parallelism) take DTensor's own `full_tensor()` on every process."""
     import torch.distributed as dist
 
-    device = _mesh_device(t)
+    device = mesh_device(t)
     if not _row_sharded(t):
         full = t.full_tensor().to(device)
         return full if dst is None or dist.get_rank() == dst else None
@@ -222,7 +216,8 @@ def bucket_tensors(units: list[Unit], device, dst: int | None = None):
     are gathered chunk by chunk; ZeRO-3 LoRA modules and offloaded partitions go through DeepSpeed's
     GatheredParameters, which gathers on every rank."""
     direct = [u for u in units if not u.lora and u.params and all(_partition_gatherable(p) for _, p in u.params)]
-    sharded = [u for u in units if u.params and all(is_dtensor(p) for _, p in u.params)]
+    # any DTensor makes a unit FSDP2's (a frozen 4-bit base or ignored module may sit beside sharded adapters)
+    sharded = [u for u in units if any(is_dtensor(p) for _, p in u.params)]
     receives = dst is None or process_rank() == dst
     with gathered([u for u in units if u not in direct and u not in sharded]):
         pairs = []
@@ -231,7 +226,7 @@ def bucket_tensors(units: list[Unit], device, dst: int | None = None):
                 full = [gather_partitioned(p, device, dst=dst) for _, p in unit.params]
                 pairs += list(zip(unit.engine_names(), full)) if receives else []
             elif unit in sharded:  # FSDP2: a LoRA module is merged on its shards first, then gathered once
-                full = [(name, gather_dtensor(t, dst=dst)) for name, t in unit_tensors(unit)]
+                full = [(name, gather_dtensor(t, dst=dst) if is_dtensor(t) else t) for name, t in unit_tensors(unit)]
                 pairs += full if receives else []
             elif receives:
                 pairs += unit_tensors(unit)
@@ -259,7 +254,10 @@ def unit_tensors(unit: Unit) -> list[tuple[str, torch.Tensor]]:
             if module.use_dora.get(adapter) or getattr(module, "lora_bias", {}).get(adapter):
                 raise NotImplementedError(f"{unit.name}: syncing DoRA / lora_bias adapters is not supported; "
                                           f"use plain LoRA or merge the adapter first.")
-            weight = weight + module.get_delta_weight(adapter).to(weight.dtype)
+            delta = module.get_delta_weight(adapter)
+            if is_dtensor(delta) != is_dtensor(weight):  # one side left unsharded by FSDP2: both whole
+                weight, delta = full_tensor(weight), full_tensor(delta)
+            weight = weight + delta.to(weight.dtype)
     tensors = [weight] + ([base.bias.detach()] if getattr(base, "bias", None) is not None else [])
     return list(zip(unit.engine_names(), tensors))
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..distributed import process_rank
+from ..distributed import compute_device, process_rank
 from .gather import bucket_tensors, engine_names, full_tensor, gathered, plan_buckets, unit_tensors, weight_units
 from .memory import PeakMemory
 from .names import check_names
@@ -71,7 +71,7 @@ class WeightSync:
         """Push every weight of `model` into `engine`; returns `sync/*` metrics."""
         units = weight_units(model)
         buckets, self.bucket_bytes = plan_buckets(units, self.bucket_bytes)
-        device = next(model.parameters()).device
+        device = compute_device(model)
         started = time.perf_counter()
         with PeakMemory(device) as peak:
             pushed, failure = self._push_all(units, buckets, device, engine)
