@@ -196,3 +196,18 @@ def test_fsdp_settings_that_cannot_work_are_refused_before_anything_loads(monkey
     with pytest.raises(ValueError, match=message):
         VerlConfig(output_dir="/tmp/verl-hf-fsdp-refusals", use_cpu=True, per_device_train_batch_size=8,
                    num_generations=4, report_to="none", **overrides)
+
+
+def test_dynamic_sampling_refills_in_step_with_a_sharded_reward_model(tmp_path):
+    """DAPO's dynamic sampling with a reward model sharded over both processes: scoring every refill is a
+    collective, and the ranks' prompts are informative at different rates, so every rank refills while any is
+    short (alone, a rank's reward-model forward would wait for the other forever)."""
+    out = tmp_path / "dynamic"
+    _run(tmp_path, _two_processes(FSDP2), out,
+         ["--max_steps", "3", "--eval_strategy", "no", "--per_device_train_batch_size", "16", "--use_cpu", "false",
+          "--dynamic_sampling", "true", "--dynamic_sampling_max_rounds", "4", "--dataset_test_split", "null",
+          "--reward_model_path", _reward_model(tmp_path), "--reward_weights", "1.0", "0.1", "0.0"])
+    rank0, rank1, history = _ranks(out)
+    assert rank0["steps"] == rank1["steps"] == 3
+    logs = [h for h in history if "dynamic_sampling/extra_rounds" in h]
+    assert logs and any(h["dynamic_sampling/extra_rounds"] > 0 for h in logs)

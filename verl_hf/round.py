@@ -179,7 +179,8 @@ class RoundBuilder:
         """A reward or cost model sharded over the processes (ZeRO-3, FSDP2): every refill's scoring is a
         collective too."""
         funcs = [f for _, f in self.rewards.funcs] + [f for _, f in getattr(self.constraint, "cost_funcs", ())]
-        return any(getattr(f, "runs_collectives", False) and is_sharded(f.model) for f in funcs)
+        return any(getattr(f, "runs_collectives", False) and isinstance(getattr(f, "model", None), torch.nn.Module)
+                   and is_sharded(f.model) for f in funcs)
 
     def _split(self, batch: RolloutBatch):
         return split_informative(batch, self.constraint, self.args.singleton_group_advantage == "score")
