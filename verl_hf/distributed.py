@@ -56,14 +56,23 @@ def is_sharded(model) -> bool:
     return is_zero3(model) or is_fsdp2(model)
 
 
+def held_tensor(p: torch.Tensor) -> torch.Tensor:
+    """The part of `p` this process holds: its ZeRO-3 partition (`p.data` is empty then), its FSDP2 shard, or
+    `p` itself."""
+    partition = getattr(p, "ds_tensor", None)
+    if partition is not None:
+        return partition
+    return p.to_local() if is_dtensor(p) else p.data
+
+
 def local_parameter_bytes(model: torch.nn.Module) -> int:
     """Bytes of `model`'s parameters this process holds: its ZeRO-3 partitions, its FSDP2 shards, or all of them."""
-    total = 0
-    for p in model.parameters():
-        held = getattr(p, "ds_tensor", None)
-        held = p.to_local() if held is None and is_dtensor(p) else p if held is None else held
-        total += held.numel() * held.element_size()
-    return total
+    return sum(held.numel() * held.element_size() for held in map(held_tensor, model.parameters()))
+
+
+def full_tensor(t) -> torch.Tensor:
+    """`t` whole on this process: DTensor's own gather (`full_tensor()`, a collective), else `t` itself."""
+    return t.full_tensor() if is_dtensor(t) else t
 
 
 def gathered_params(params: list[torch.Tensor]):
@@ -197,14 +206,12 @@ def install_cpu_fsdp(accelerator, plugin_args: dict | None) -> bool:
     """On a machine without GPUs accelerate never turns FSDP on (its FSDP branch lists GPU-like devices only):
     under `accelerate launch` with an FSDP config it runs DDP instead, silently. VerlConfig has already made the
     process group (gloo, CPU); this puts the FSDP plugin into the accelerator's state, so that `prepare`
-    shards with `fully_shard` as on GPUs. True when it did. Measured: tests/test_fsdp2.py."""
-    import os
-
+    shards with `fully_shard` as on GPUs. Called for runs that ask for FSDP2 (config.fsdp_version_wanted); True
+    when it did. Measured: tests/test_fsdp2.py."""
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
-    wanted = os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" or plugin_args is not None
     state = accelerator.state
-    if not wanted or getattr(state, "fsdp_plugin", None) is not None or torch.cuda.is_available():
+    if getattr(state, "fsdp_plugin", None) is not None or torch.cuda.is_available():
         return False
     if accelerator.num_processes < 2:
         logging.getLogger(__name__).warning("FSDP with one process on a machine without GPUs: nothing to shard "

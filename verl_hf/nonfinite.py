@@ -20,6 +20,8 @@ import math
 
 import torch
 
+from .distributed import held_tensor
+
 ON_NONFINITE = ("raise", "skip")
 MAX_SKIPPED_IN_ROW = 5
 
@@ -84,9 +86,7 @@ def check_finite_weights(models: dict, reduce_sum, device, where: str) -> None:
 
 def _finite(model: torch.nn.Module) -> bool:
     for param in model.parameters():
-        tensor = getattr(param, "ds_tensor", None)  # ZeRO-3: this process's partition; param.data is empty
-        tensor = param.data if tensor is None else tensor
-        tensor = tensor.to_local() if hasattr(tensor, "to_local") else tensor  # FSDP2: this process's shard
+        tensor = held_tensor(param)  # ZeRO-3: this process's partition; FSDP2: its shard
         if tensor.is_floating_point() and not torch.isfinite(tensor).all():
             return False
     return True

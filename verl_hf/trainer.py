@@ -25,6 +25,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, speed_metrics
 from . import publish, saving
 from . import trainer_setup as setup
 from .checkpoint import RLCheckpoint
+from .config import fsdp_version_wanted
 from .data import RoundBatchSampler, RoundDataLoader, keep_rows, prepare_datasets, prepare_prompts, prompt_options
 from .distributed import (actor_already_prepared, fsdp_version, full_state_dicts, install_cpu_fsdp, is_sharded,
                           shard_actor, zero_stage)
@@ -115,7 +116,7 @@ class VerlTrainer(Trainer):
     def create_accelerator_and_postprocess(self) -> None:
         """The Trainer's accelerator; on a machine without GPUs an FSDP config really shards (distributed.py)."""
         super().create_accelerator_and_postprocess()
-        if install_cpu_fsdp(self.accelerator, self.args.fsdp_plugin_args):
+        if fsdp_version_wanted(self.args) and install_cpu_fsdp(self.accelerator, self.args.fsdp_plugin_args):
             self.is_fsdp_enabled = True
             setup.check_fsdp_plugin(self.accelerator.state.fsdp_plugin, self.args)  # the Trainer's own FSDP checks
 
@@ -328,7 +329,7 @@ class VerlTrainer(Trainer):
         if final and self.is_fsdp_enabled and "FULL" not in str(self.accelerator.state.fsdp_plugin.state_dict_type):
             # The Trainer writes FSDP's sharded state into checkpoints only, and no weights at all here; the final
             # model is a normal HF checkpoint, gathered by every process (a collective), written by the main one.
-            # gathered here rather than by the plugin's state-dict type; a PEFT model's frozen base stays sharded
+            # A PEFT model gathers its adapter only: the frozen base stays sharded.
             state_dict, _ = full_state_dicts(self.model, trainable_only=hasattr(self.model, "peft_config"))
             if self.args.should_save:
                 self._save(output_dir, state_dict=state_dict)

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from ..distributed import compute_device, is_fsdp2
+from ..distributed import compute_device, full_tensor, is_fsdp2
 
 
 @torch.no_grad()
@@ -133,7 +133,7 @@ class TrainableRole(Role):
         if not is_fsdp2(self.model):  # FSDP2's backward already reduce-scattered (averaged) the gradients
             average_gradients(self.model)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm or float("inf"))
-        norm = (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item()
+        norm = full_tensor(norm).item()  # FSDP2: a DTensor
         if math.isfinite(norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

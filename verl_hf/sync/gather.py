@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..distributed import gathered_params, is_dtensor, is_zero3, mesh_device, process_rank  # noqa: F401  (is_zero3: its former home)
+from ..distributed import full_tensor, gathered_params, is_dtensor, is_zero3, mesh_device, process_rank  # noqa: F401  (is_zero3: its former home)
 from .names import engine_name
 
 
@@ -201,12 +201,6 @@ def gather_dtensor(t, chunk_bytes: int = CHUNK_BYTES, dst: int | None = None):
         part = torch.cat([part, part.new_zeros(padded - part.numel())])
     full = _gather_flat(part, group, device, chunk_bytes, dst)
     return None if full is None else full.view(world * rows, *rest)[: t.shape[0]]
-
-
-def full_tensor(t) -> torch.Tensor:
-    """`t` whole on this process: DTensor's own gather (`full_tensor()`, a collective), else `t` itself. The
-    independent path `sync_verify` compares the sync's gather with."""
-    return t.full_tensor() if is_dtensor(t) else t
 
 
 @contextlib.contextmanager

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..distributed import compute_device, process_rank
-from .gather import bucket_tensors, engine_names, full_tensor, gathered, plan_buckets, unit_tensors, weight_units
+from ..distributed import compute_device, full_tensor, process_rank
+from .gather import bucket_tensors, engine_names, gathered, plan_buckets, unit_tensors, weight_units
 from .memory import PeakMemory
 from .names import check_names
 from .push import mismatched_weights, push_bucket
