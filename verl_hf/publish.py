@@ -13,6 +13,7 @@ import json
 import os
 
 from .algorithms import ADVANTAGE_ESTIMATORS, advantage_spec
+from .roles.dropout import original_rates_restored
 
 CONFIG_FILE = "verl_config.json"
 LIBRARIES = ("verl_hf", "torch", "transformers", "accelerate", "peft", "datasets", "deepspeed", "vllm")
@@ -159,7 +160,8 @@ def save_merged(model, output_dir: str, is_deepspeed: bool) -> None:
                   for name, p in base.state_dict().items() if "lora_" not in name}
     finally:
         model.unmerge_adapter()
-    base.save_pretrained(output_dir, state_dict=merged)
+    with original_rates_restored(base):  # the config as built, not with RL's zero dropout (roles/dropout.py)
+        base.save_pretrained(output_dir, state_dict=merged)
     for name in ("adapter_model.safetensors", "adapter_model.bin", "adapter_config.json"):
         path = os.path.join(output_dir, name)
         if os.path.exists(path):

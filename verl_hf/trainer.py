@@ -32,6 +32,7 @@ from .distributed import (actor_already_prepared, fsdp_version, full_state_dicts
 from .evaluation import evaluate_rewards
 from .nonfinite import NonFiniteGuard, check_finite_loss, check_finite_weights
 from .roles import Actor
+from .roles.dropout import original_rates_restored
 from .rollout import make_rollout_engine
 from .round import RewardStage, RoundBuilder
 from .routing import moe_routers
@@ -340,6 +341,12 @@ class VerlTrainer(Trainer):
         if self.args.save_merged_model and final:
             publish.save_merged(self.accelerator.unwrap_model(self.model), output_dir, self.is_deepspeed_enabled)
         publish.write_run_config(self, output_dir)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """Every Trainer write of the weights (final, checkpoints, DeepSpeed, FSDP) comes here: the configs are
+        written as the model was built, not with RL's zero dropout (roles/dropout.py)."""
+        with original_rates_restored(self.model):
+            super()._save(output_dir, state_dict)
 
     def create_model_card(self, model_name: str | None = None, **kwargs) -> None:
         """README.md for the Hub: algorithm, base model, data, a reward table and how to load the actor."""

@@ -26,14 +26,6 @@ from .base import TrainableRole, score_in_chunks
 from .scoring import sequence_logprobs
 
 
-def disable_dropout(model) -> None:
-    """Dropout off: samples, behaviour log-probs and the loss must see the same policy, or the PPO ratio is
-    noise before any update (as TRL and verl do)."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-
-
 class Actor(TrainableRole):
     from transformers import AutoModelForCausalLM as auto_class
 
@@ -74,7 +66,6 @@ class Actor(TrainableRole):
                              f"policy itself.")
         self._engine_stale = self.weight_sync is not None
         self.routing = self._routing_replay(model) if routing_replay else None
-        disable_dropout(model)
 
     # ---------------------------------------------------------------- sampling
     def generate_sequences(self, prompts=None, *, prompt_ids=None, input_ids=None, attention_mask=None,

@@ -14,6 +14,7 @@ import math
 import torch
 
 from ..distributed import compute_device, full_tensor, is_fsdp2
+from .dropout import disable_dropout, original_rates_restored
 
 
 @torch.no_grad()
@@ -56,6 +57,8 @@ class Role:
     frozen = False
 
     def __init__(self, model, tokenizer=None):
+        """Every role's model runs without dropout, in training mode too (roles/dropout.py)."""
+        disable_dropout(model)
         self.model, self.tokenizer = model, tokenizer
 
     @classmethod
@@ -92,13 +95,15 @@ class Role:
         return self
 
     def save_pretrained(self, path: str, **kwargs) -> None:
-        self.model.save_pretrained(path, **kwargs)
+        with original_rates_restored(self.model):  # the config as it was built, not with RL's zero dropout
+            self.model.save_pretrained(path, **kwargs)
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(path)
 
     def push_to_hub(self, repo_id: str, **kwargs):
         """Upload the model (and tokenizer) with transformers' own `push_to_hub`."""
-        result = self.model.push_to_hub(repo_id, **kwargs)
+        with original_rates_restored(self.model):
+            result = self.model.push_to_hub(repo_id, **kwargs)
         if self.tokenizer is not None:
             self.tokenizer.push_to_hub(repo_id, **kwargs)
         return result

@@ -1,8 +1,9 @@
 """`Critic`: a value model, V(prefix) for every response token, trained alongside the actor in PPO.
 
 The model is an `AutoModelForTokenClassification` with one label: any HF causal-LM checkpoint loads as a
-backbone with a fresh scalar head (`Critic.from_pretrained(path)`). Its head dropout (0.1 by default in
-transformers) is set to 0 so that values are deterministic in training mode too.
+backbone with a fresh scalar head (`Critic.from_pretrained(path)`). Its dropout, the head's included (0.1 by
+default in transformers), is off like every role's (roles/dropout.py), so values are deterministic in training
+mode too.
 
 See it work: tests/test_roles.py, examples/custom_loop_ppo.py.
 """
@@ -36,9 +37,6 @@ class Critic(TrainableRole):
         if num_labels != 1:
             raise ValueError(f"a Critic needs a one-output value head, got num_labels={num_labels}; load it with "
                              "Critic.from_pretrained(path) or AutoModelForTokenClassification(..., num_labels=1).")
-        head_dropout = getattr(model, "dropout", None)
-        if isinstance(head_dropout, torch.nn.Dropout):
-            head_dropout.p = 0.0  # transformers defaults it to 0.1: values would be noisy in training mode
 
     @classmethod
     def _load_kwargs(cls, hf_kwargs: dict) -> dict:

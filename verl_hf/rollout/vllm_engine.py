@@ -18,6 +18,7 @@ import torch
 
 from ..routing import moe_routers, route_shape, routes_from_vllm
 from ..sync.names import checkpoint_form
+from .amx import require_amx_for
 from .base import Rollout, RolloutEngine, SamplingConfig, empty_rollout, left_pad, mask_after_eos
 from .vllm_compat import (check_cpu_moe_reloadable_in_worker, check_repacked, layer_prefixes, parameter_names,
                           repack_cpu_moe_in_worker, tied_copies_engine_has, transformers_classes_kept)
@@ -53,6 +54,9 @@ class VLLMEngine(RolloutEngine):
             raise ValueError(f"vllm_max_model_len={max_model_len} (default max_prompt_length + max_response_length) "
                              f"exceeds the model's max_position_embeddings={limit}; shorten prompts or responses.")
         vllm = import_vllm()
+        if not torch.cuda.is_available():  # vLLM's bf16 CPU attention uses AMX without asking (rollout/amx.py)
+            require_amx_for(str(dtype).removeprefix("torch."), "Sample in float32: VerlConfig(rollout_dtype='float32') "
+                                                               "or bf16=False.")
         self.pad_token_id, self.eos_token_ids, self.dtype = pad_token_id, list(eos_token_ids), dtype
         self._config_dir = tempfile.TemporaryDirectory(prefix="verl_hf_vllm_")
         config.save_pretrained(self._config_dir.name)

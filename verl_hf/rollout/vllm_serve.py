@@ -17,6 +17,7 @@ import os
 import shlex
 import sys
 
+from .amx import require_amx_for
 from .vllm_transfer import GLOO_BACKEND, TRANSPORTS
 
 # `python -m` rather than the `vllm` script: the script looks itself up as the `vllm` distribution, which
@@ -62,6 +63,16 @@ def serve_command(args: argparse.Namespace, passthrough: list[str], has_gpu: boo
     return cmd + passthrough, {"VLLM_SERVER_DEV_MODE": "1"}
 
 
+def passthrough_value(passthrough: list[str], flag: str) -> str | None:
+    """The value of `flag` among the flags passed on to vLLM (`--flag value` or `--flag=value`), else None."""
+    for i, item in enumerate(passthrough):
+        if item == flag and i + 1 < len(passthrough):
+            return passthrough[i + 1]
+        if item.startswith(flag + "="):
+            return item.split("=", 1)[1]
+    return None
+
+
 def main(argv: list[str]) -> int:
     args, passthrough = parse_serve_args(argv)
     import torch
@@ -74,4 +85,11 @@ def main(argv: list[str]) -> int:
         from .vllm_engine import INSTALL_HINT
 
         raise SystemExit(INSTALL_HINT)
+    if not torch.cuda.is_available():
+        # Only a check: exec clears the permission, and our vLLM plugin asks again in each server process.
+        try:
+            require_amx_for(passthrough_value(passthrough, "--dtype") or "auto",
+                            "Start the server in float32: `verl-hf vllm-serve MODEL --dtype float32`.")
+        except RuntimeError as e:
+            raise SystemExit(str(e)) from e
     os.execve(sys.executable, cmd, {**os.environ, **env})  # vLLM takes over this process (and its signals)
