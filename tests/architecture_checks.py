@@ -17,6 +17,8 @@ overrides = {key: json.loads(value) for key, value in (f.split("=", 1) for f in 
 runs = overrides.pop("runs", None)
 if runs is None:
     write(check(path, Path(out_dir), rollout_engine="vllm", **overrides), Path(figures_file))
-else:
-    write([check(path, Path(out_dir) / f"run{i}", rollout_engine="vllm", **{**overrides, **run})
-           for i, run in enumerate(runs)], Path(figures_file))
+else:  # written after each run: if the process dies in one, the figures of those before it remain
+    done = []
+    for i, run in enumerate(runs):
+        done.append(check(path, Path(out_dir) / f"run{i}", rollout_engine="vllm", **{**overrides, **run}))
+        write(done, Path(figures_file))

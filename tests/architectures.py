@@ -167,9 +167,11 @@ def check(path: str, out_dir: Path, lora_targets: list[str] | None = None, **ove
 
 
 def _dropout_fields(checkpoint: Path) -> dict:
-    """The dropout rates of a saved config.json."""
+    """The rates of training-only randomness in a saved config.json (roles/dropout.py's names)."""
+    from verl_hf.roles.dropout import is_rate_name
+
     values = json.loads((checkpoint / "config.json").read_text())
-    return {key: value for key, value in values.items() if "drop" in key}
+    return {key: value for key, value in values.items() if is_rate_name(key)}
 
 
 def write(figures: dict, path: Path) -> None:

@@ -102,3 +102,46 @@ def test_serve_reads_the_dtype_passed_on_to_vllm():
     assert passthrough_value(["--dtype", "float32", "--seed", "1"], "--dtype") == "float32"
     assert passthrough_value(["--seed=1", "--dtype=bfloat16"], "--dtype") == "bfloat16"
     assert passthrough_value(["--seed", "1"], "--dtype") is None
+    assert passthrough_value(["--dtype", "float32", "--dtype=bfloat16"], "--dtype") == "bfloat16"  # the last wins
+
+
+# What the kernel answers, set by hand (these run on every CPU kind; the tests above ask the real kernel where
+# it has AMX): how each answer turns into an error, or into nothing to do.
+@pytest.fixture()
+def kernel(monkeypatch):
+    answers = {"cpu_has_amx": True, "permitted": False, "errno": 0}
+    monkeypatch.setattr(amx, "cpu_has_amx", lambda: answers["cpu_has_amx"])
+    monkeypatch.setattr(amx, "amx_permitted", lambda: answers["permitted"])
+    monkeypatch.setattr(amx, "_arch_prctl", lambda code, arg: answers["errno"])
+    return answers
+
+
+def test_each_refusal_is_named_and_only_bf16_is_stopped(kernel):
+    import errno
+
+    kernel["errno"] = errno.ENOSPC
+    assert "sigaltstack" in amx.request_amx()
+    for dtype in ("bfloat16", "auto"):  # vLLM's AMX attention is bf16; 'auto' may resolve to it
+        with pytest.raises(RuntimeError, match=r"refused .*sigaltstack.*'Illegal instruction'. THE FIX"):
+            amx.require_amx_for(dtype, "THE FIX")
+    for dtype in ("float32", "float16"):  # no AMX kernel in vLLM's CPU attention for these
+        amx.require_amx_for(dtype, "THE FIX")
+    kernel["errno"] = errno.EPERM
+    assert "policy" in amx.request_amx()
+    kernel["errno"] = errno.EINVAL  # a kernel without AMX support: nothing can use it, nothing to ask for
+    assert amx.request_amx() is None
+    kernel["cpu_has_amx"] = False
+    assert amx.request_amx() is None
+
+
+def test_serve_needs_our_plugin_where_bf16_would_use_amx(kernel, monkeypatch):
+    from verl_hf.rollout import vllm_serve
+
+    kernel["permitted"] = True
+    monkeypatch.setattr(vllm_serve, "cpu_has_amx", lambda: True)
+    monkeypatch.setenv("VLLM_PLUGINS", "verl_hf_weight_transfer")
+    with pytest.raises(SystemExit, match=r"leaves out verl_hf_cpu_amx: add it.*--dtype float32"):
+        vllm_serve.check_amx("auto")
+    vllm_serve.check_amx("float32")  # fp32 needs no AMX
+    monkeypatch.setenv("VLLM_PLUGINS", "verl_hf_weight_transfer,verl_hf_cpu_amx")
+    vllm_serve.check_amx("bfloat16")

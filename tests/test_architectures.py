@@ -48,27 +48,44 @@ def assert_trained_and_equal(figures: dict, name: str):
     assert len(figures["logged_gap_max"]) == figures["steps"] and max(figures["logged_gap_max"]) < max_bound
 
 
-def colocated(path: str, out: Path, **fields):
+def run_colocated(path: str, out: Path, **fields) -> tuple[object, str]:
+    """(figures written, None if none) and, if the process failed, its exit code and last output."""
     figures = out / "figures.json"
     cmd = [sys.executable, str(HERE / "architecture_checks.py"), path, str(out), str(figures)]
     cmd += [f"{key}={json.dumps(value)}" for key, value in fields.items()]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, f"exit code {done.returncode}:\n{done.stderr[-4000:]}"
-    return json.loads(figures.read_text())
+    failure = "" if done.returncode == 0 else f"exit code {done.returncode} (-4: SIGILL):\n{done.stderr[-4000:]}"
+    return (json.loads(figures.read_text()) if figures.exists() else None), failure
 
 
-# name -> [figures in the default precision, figures in fp32]: one fresh process per family runs both.
-_COLOCATED: dict[str, list[dict]] = {}
+def colocated(path: str, out: Path, **fields) -> dict:
+    figures, failure = run_colocated(path, out, **fields)
+    assert not failure, failure
+    return figures
 
 
-def colocated_both_precisions(zoo: dict, name: str, out: Path) -> list[dict]:
-    """The default precision first (bf16=None: what a user's fresh process gets, 3 steps), then fp32."""
+# name -> (figures of the runs that finished, failure): one fresh process per family, run once whichever test
+# asks first.
+_COLOCATED: dict[str, tuple[list[dict], str, int]] = {}
+PRECISIONS = ("the default precision", "fp32")
+
+
+def colocated_run(zoo: dict, name: str, out: Path, index: int) -> dict:
+    """Run `index` of one process that checks the default precision first (bf16=None: what a user's fresh process
+    gets, 3 steps), then fp32; a run that did not finish fails its own test, naming where the process died."""
     if name not in _COLOCATED:
         runs = [{"bf16": None, "max_steps": 3}]
         if name in ARCHITECTURES:
             runs.append({"max_steps": STEPS.get(name, 2)})
-        _COLOCATED[name] = colocated(zoo[name], out, runs=runs)
-    return _COLOCATED[name]
+        figures, failure = run_colocated(zoo[name], out, runs=runs)
+        _COLOCATED[name] = (figures or [], failure, len(runs))
+    figures, failure, expected = _COLOCATED[name]
+    if index >= len(figures):
+        pytest.fail(f"the process died in the {PRECISIONS[len(figures)]} run ({len(figures)} of its runs had "
+                    f"finished): {failure}")
+    if failure and index == expected - 1:
+        pytest.fail(f"the process failed after its last run had finished: {failure}")
+    return figures[index]
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
@@ -78,7 +95,7 @@ def test_hf_engine(zoo, name, tmp_path):
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
 def test_colocated_vllm(zoo, name, tmp_path):
-    figures = colocated_both_precisions(zoo, name, tmp_path)[1]
+    figures = colocated_run(zoo, name, tmp_path, 1)
     assert not figures["bf16"]
     assert_trained_and_equal(figures, name)
 
@@ -90,7 +107,7 @@ def test_colocated_vllm_in_the_default_precision(zoo, name, tmp_path):
     Before AMX was requested for vLLM, this process died with SIGILL (exit code 132) on Intel AMX CPUs."""
     from verl_hf.config import bf16_is_fast
 
-    figures = colocated_both_precisions(zoo, name, tmp_path)[0]
+    figures = colocated_run(zoo, name, tmp_path, 0)
     assert figures["bf16"] is bf16_is_fast() and figures["steps"] == 3
     assert_trained_and_equal(figures, name)
 

@@ -58,28 +58,80 @@ def test_the_actor_gives_identical_training_mode_log_probs(model_type, tokenizer
 
 
 def test_every_role_turns_dropout_off(tokenizer_, tmp_path):
-    """The critic (trained in training mode), the reference and a reward model, each from Seed-OSS."""
+    """The critic (trained in training mode), the reference and a reward model, each from Seed-OSS (the heads'
+    own dropout included)."""
     from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
 
     from verl_hf import Critic, ReferencePolicy, RewardModel
 
     tiny("seed_oss", tokenizer_).save_pretrained(tmp_path)
-    critic = Critic(AutoModelForTokenClassification.from_pretrained(tmp_path, num_labels=1), tokenizer_)
-    reference = ReferencePolicy(tiny("seed_oss", tokenizer_), tokenizer_)
-    reward = RewardModel(AutoModelForSequenceClassification.from_pretrained(tmp_path, num_labels=1), tokenizer_)
-    for role in (critic, reference, reward):
-        assert training_forwards_agree(role.model), type(role).__name__
+    models = {Critic: AutoModelForTokenClassification.from_pretrained(tmp_path, num_labels=1),
+              ReferencePolicy: tiny("seed_oss", tokenizer_),
+              RewardModel: AutoModelForSequenceClassification.from_pretrained(tmp_path, num_labels=1)}
+    for role, model in models.items():
+        assert not training_forwards_agree(model), role.__name__  # random before the role takes it
+        assert training_forwards_agree(role(model, tokenizer=tokenizer_).model), role.__name__
 
 
-def test_the_saved_config_keeps_the_rates_the_model_was_built_with(tokenizer_, tmp_path):
-    """Training runs without dropout, but a saved checkpoint says what the model was built with."""
-    from verl_hf import Actor
+def test_saved_configs_keep_the_rates_the_model_was_built_with(tokenizer_, tmp_path):
+    """Training runs without dropout, but what verl_hf saves says what the model was built with: a role's
+    save_pretrained, the critic's checkpoints, the merged LoRA model. A rate set again after a role zeroed it is
+    the one a later role remembers."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForTokenClassification
+
+    from verl_hf import Actor, Critic
+    from verl_hf.publish import save_merged
+
+    def saved_rates(folder):
+        config = json.loads((folder / "config.json").read_text())
+        return config["attention_dropout"], config["residual_dropout"]
 
     actor = Actor(tiny("seed_oss", tokenizer_), tokenizer=tokenizer_)
-    actor.save_pretrained(str(tmp_path))
-    saved = json.loads((tmp_path / "config.json").read_text())
-    assert saved["attention_dropout"] == 0.1 and saved["residual_dropout"] == 0.1
+    actor.save_pretrained(str(tmp_path / "actor"))
+    assert saved_rates(tmp_path / "actor") == (0.1, 0.1)
     assert actor.model.config.attention_dropout == 0.0 and training_forwards_agree(actor.model)
+
+    actor.model.config.attention_dropout = 0.2  # the user sets it again, then builds another role
+    Actor(actor.model, tokenizer=tokenizer_).save_pretrained(str(tmp_path / "again"))
+    assert saved_rates(tmp_path / "again") == (0.2, 0.1) and actor.model.config.attention_dropout == 0.0
+
+    tiny("seed_oss", tokenizer_).save_pretrained(tmp_path / "base")
+    critic = Critic(AutoModelForTokenClassification.from_pretrained(tmp_path / "base", num_labels=1), tokenizer_)
+    critic.save_checkpoint(str(tmp_path / "critic"))
+    assert saved_rates(tmp_path / "critic") == (0.1, 0.1)
+
+    lora = get_peft_model(tiny("seed_oss", tokenizer_), LoraConfig(r=2, target_modules=["q_proj"]))
+    Actor(lora, tokenizer=tokenizer_)
+    save_merged(lora, str(tmp_path / "merged"), is_deepspeed=False)
+    assert saved_rates(tmp_path / "merged") == (0.1, 0.1) and lora.config.attention_dropout == 0.0
+
+
+def test_randomness_without_a_rate_is_refused_and_rates_that_act_in_eval_are_kept(tokenizer_, caplog):
+    """PhiMoE: its router samples experts at random in training mode (refused for the actor, a warning for the
+    reference, which runs in eval mode), and its router_jitter_noise is a fixed cutoff that eval mode and vLLM
+    use too: left as it is, so eval-mode logits do not change."""
+    from transformers import AutoModelForCausalLM, PhimoeConfig
+
+    from verl_hf import Actor, ReferencePolicy
+
+    config = PhimoeConfig(vocab_size=len(tokenizer_), hidden_size=128, intermediate_size=128, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1, num_local_experts=4, num_experts_per_tok=2,
+                          max_position_embeddings=64, input_jitter_noise=0.1)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    ids = torch.arange(3, 19).view(2, 8)
+    with torch.no_grad():
+        before = model(ids).logits
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.router \(PhiMoE's router \(sparsemixer\)"):
+        Actor(model, tokenizer=tokenizer_)
+    ReferencePolicy(model, tokenizer_)
+    assert "only runs in eval mode" in caplog.text
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, before)
+    router = model.model.layers[0].mlp.router
+    assert model.config.router_jitter_noise == router.router_jitter_noise == 0.01
+    assert model.config.input_jitter_noise == router.input_jitter_noise == 0.0
 
 
 def test_a_rate_that_cannot_be_set_is_refused_by_name(tokenizer_):
@@ -103,13 +155,13 @@ def test_the_rates_are_found_by_name_and_kind():
         def __init__(self):
             super().__init__()
             self.drop_path_rate, self.layer_dropouts, self.use_dropout = 0.2, [0.1, 0.3], True
-            self.dropout_name, self.hidden_size, self.router_jitter_noise = "eager", 128, 0.01
+            self.dropout_name, self.hidden_size, self.jitter_noise = "eager", 128, 0.01
             self.drop = torch.nn.Dropout2d(0.5)
 
     block = Block()
     changed = disable_dropout(block)
-    assert (block.drop_path_rate, block.layer_dropouts, block.router_jitter_noise, block.drop.p) == (0, [0, 0], 0, 0)
+    assert (block.drop_path_rate, block.layer_dropouts, block.jitter_noise, block.drop.p) == (0, [0, 0], 0, 0)
     assert (block.use_dropout, block.dropout_name, block.hidden_size) == (True, "eager", 128)  # not rates
-    assert sorted(changed) == ["Block.drop_path_rate=0.2", "Block.layer_dropouts=[0.1, 0.3]",
-                               "Block.router_jitter_noise=0.01", "drop.p=0.5"]
+    assert sorted(changed) == ["Block.drop_path_rate=0.2", "Block.jitter_noise=0.01", "Block.layer_dropouts=[0.1, 0.3]",
+                               "drop.p=0.5"]
     assert disable_dropout(block) == []  # a second pass finds nothing left

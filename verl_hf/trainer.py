@@ -343,8 +343,9 @@ class VerlTrainer(Trainer):
         publish.write_run_config(self, output_dir)
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        """Every Trainer write of the weights (final, checkpoints, DeepSpeed, FSDP) comes here: the configs are
-        written as the model was built, not with RL's zero dropout (roles/dropout.py)."""
+        """The Trainer's writes of the policy (final model and checkpoints, under DeepSpeed and FSDP too; not its
+        XLA path) come here: configs are written as the model was built, not with RL's zero dropout
+        (roles/dropout.py)."""
         with original_rates_restored(self.model):
             super()._save(output_dir, state_dict)
 

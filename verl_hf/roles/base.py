@@ -57,8 +57,9 @@ class Role:
     frozen = False
 
     def __init__(self, model, tokenizer=None):
-        """Every role's model runs without dropout, in training mode too (roles/dropout.py)."""
-        disable_dropout(model)
+        """Every role's model runs without dropout, in training mode too (roles/dropout.py); what cannot be turned
+        off is refused for roles that train (or run in training mode), a warning for frozen ones."""
+        disable_dropout(model, strict=not self.frozen)
         self.model, self.tokenizer = model, tokenizer
 
     @classmethod

@@ -17,6 +17,7 @@ import torch
 from ..batch import RolloutBatch
 from ..distributed import full_state_dicts, is_fsdp2, load_full_state_dicts
 from .base import TrainableRole, score_in_chunks
+from .dropout import original_rates_restored
 
 
 def sequence_values(model, batch: RolloutBatch) -> torch.Tensor:
@@ -91,7 +92,8 @@ class Critic(TrainableRole):
         else:
             weights, optimizer = None, self.optimizer.state_dict() if self.optimizer is not None else None
         if main_process:
-            self.model.save_pretrained(path, state_dict=weights)
+            with original_rates_restored(self.model):  # the config as built, not with RL's zero dropout
+                self.model.save_pretrained(path, state_dict=weights)
             if optimizer is not None:
                 torch.save(optimizer, os.path.join(path, "optimizer.pt"))
 

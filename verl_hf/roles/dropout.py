@@ -5,13 +5,21 @@ transformers models apply dropout in three ways, and `disable_dropout(model)` ze
 - `nn.Dropout`-family modules (GPT-2's `resid_pdrop`, LoRA's `lora_dropout`, classifier heads): `p = 0`;
 - functional calls whose rate a module cached from its config when it was built (`self.attention_dropout`
   in Llama, `self.residual_dropout` in Seed-OSS): every numeric attribute of every module whose name says it
-  is a dropout rate (`RATE_NAME`: dropout, pdrop, drop_prob, drop_path, layerdrop, and MoE router jitter);
+  is a rate of training-only randomness (`RATE_NAME`: dropout, pdrop, drop_prob/rate/path/connect, layerdrop;
+  `TRAINING_NOISE`: MoE input jitter);
 - functional calls that read the config at every forward (Falcon, GPT-J, GPT-Neo, Persimmon): the same
   names on every config the model's modules hold (sub-configs included).
-A rate that cannot be set (a read-only property, a value of another kind) is an error that names it.
+Names that look like rates but change the model in eval mode too are left alone (`NOT_RATES`: PhiMoE's
+`router_jitter_noise` is its router's fixed cutoff, and vLLM uses the same one). Training-mode randomness
+that no rate turns off (`RANDOM_IN_TRAINING`: PhiMoE's router samples its experts) is refused. So is a rate
+that cannot be set (a read-only property), by name; a role that only runs in eval mode (reference, reward
+model) warns instead. Rates under other names, or held in tensors or closures, are not found.
 
-Configs are shared with saving: their original rates are kept here and written back into every saved
-config (`original_rates_restored`), so a checkpoint says what the model was built with, not what RL ran.
+The model's configs are changed in memory (modules like Falcon's read them at forward). Their original rates
+are kept here and written back into the configs that verl_hf saves (VerlTrainer's checkpoints and final
+model, the critic's checkpoints, `Role.save_pretrained`/`push_to_hub`, the merged LoRA model): wrap your own
+`model.save_pretrained` in `original_rates_restored(model)` for the same. A deep copy of a model taken after
+this (the KL reference) holds zeros only.
 
 See it work: tests/test_dropout.py.
 """
@@ -29,15 +37,26 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-RATE_NAME = re.compile(r"dropout|pdrop|drop_prob|drop_path|droppath|layerdrop|jitter", re.IGNORECASE)
+RATE_NAME = re.compile(r"dropout|pdrop|drop_(prob|rate|path|connect)|droppath|layer_?drop", re.IGNORECASE)
+# Multiplicative input noise of MoE routers, applied only in training (Mixtral and Switch `jitter_noise`, PhiMoE
+# `input_jitter_noise`, DBRX `moe_jitter_eps`; vision towers' `pos_embed_jitter`).
+TRAINING_NOISE = frozenset({"jitter_noise", "input_jitter_noise", "moe_jitter_eps", "pos_embed_jitter"})
+# Names that match but act in eval mode too: zeroing them would change the model (PhiMoE's sparsemixer cutoff;
+# NLLB-MoE rescales by 1 - moe_token_dropout at inference).
+NOT_RATES = frozenset({"router_jitter_noise", "moe_token_dropout"})
+# Module classes whose training-mode forward samples at random with no rate to turn off: class name -> why.
+RANDOM_IN_TRAINING = {
+    "PhimoeTopKRouter": "PhiMoE's router (sparsemixer) samples its experts at random in training mode",
+}
 
 # id(config) -> (weak reference to it, {attribute: original value}), for the configs disable_dropout changed.
 _ORIGINAL_RATES: dict[int, tuple[weakref.ref, dict]] = {}
 
 
-def disable_dropout(model) -> list[str]:
+def disable_dropout(model, strict: bool = True) -> list[str]:
     """Zero every dropout rate `model` applies (see the module docstring); returns what it changed, as
-    'where.name=old'. Raises ValueError naming any rate that stays non-zero."""
+    'where.name=old'. What stays random in training mode raises ValueError naming it (`strict=False`, for roles
+    that only run in eval mode: a warning)."""
     if model is None:
         return []
     changed, refused = [], []
@@ -46,15 +65,19 @@ def disable_dropout(model) -> list[str]:
         if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p:
             changed.append(f"{path or root}.p={module.p}")
             module.p = 0.0
+        if type(module).__name__ in RANDOM_IN_TRAINING:
+            refused.append(f"{path or root} ({RANDOM_IN_TRAINING[type(module).__name__]})")
         _zero_rates(module, path or root, changed, refused)
     for path, config in _configs(model):
         _remember(config, _zero_rates(config, path, changed, refused))
     if refused:
-        raise ValueError(
-            f"dropout cannot be turned off in this {type(model).__name__}: {', '.join(refused)}. Samples, behaviour "
-            f"log-probs and the loss would each see a different random policy (the PPO ratio would be noise). "
-            f"Load the model with these rates at 0 (e.g. from_pretrained(path, attention_dropout=0.0)) or make "
-            f"them settable.")
+        message = (f"training-mode randomness cannot be turned off in this {root}: {', '.join(refused)}. Samples, "
+                   f"behaviour log-probs and the loss would each see a different random policy (the PPO ratio "
+                   f"would be noise). Load the model with these rates at 0 (e.g. from_pretrained(path, "
+                   f"attention_dropout=0.0)) or make them settable.")
+        if strict:
+            raise ValueError(message)
+        logger.warning("%s (This role only runs in eval mode, where it does not matter.)", message)
     if changed:
         logger.info("Dropout off for RL (%d rates): %s", len(changed), ", ".join(changed[:8]) +
                     (", ..." if len(changed) > 8 else ""))
@@ -88,26 +111,32 @@ def _zero_rates(owner, path: str, changed: list[str], refused: list[str]) -> dic
     return before
 
 
+def is_rate_name(name: str) -> bool:
+    """True for an attribute name that holds a rate of training-only randomness (see the module docstring)."""
+    return not name.startswith("_") and name not in NOT_RATES and (name in TRAINING_NOISE or bool(RATE_NAME.search(name)))
+
+
 def _rate_names(owner) -> list[str]:
-    own = [name for name in vars(owner) if RATE_NAME.search(name) and not name.startswith("_")]
+    own = [name for name in vars(owner) if is_rate_name(name)]
     return list(dict.fromkeys(own + _rate_properties(type(owner))))
 
 
 @functools.cache
 def _rate_properties(cls) -> list[str]:
     return [name for klass in cls.__mro__ for name, value in vars(klass).items()
-            if isinstance(value, property) and RATE_NAME.search(name)]
+            if isinstance(value, property) and is_rate_name(name)]
 
 
 def _remember(config, before: dict) -> None:
-    """Keep the first-seen original of each rate zeroed on `config` (a later call finds zeros)."""
+    """Keep the original of each rate just zeroed on `config`. A rate found non-zero on a later call was set
+    again since (by the user), so that value is the one to save."""
     if not before:
         return
     entry = _ORIGINAL_RATES.get(id(config))
     if entry is None or entry[0]() is not config:  # new, or an id reused after the old config was freed
         entry = _ORIGINAL_RATES[id(config)] = (weakref.ref(config), {})
-    for name, value in before.items():
-        entry[1].setdefault(name, value)
+        weakref.finalize(config, _ORIGINAL_RATES.pop, id(config), None)
+    entry[1].update(before)
 
 
 def _zero_like(value):

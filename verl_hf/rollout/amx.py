@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import os
 import platform
 
@@ -30,7 +31,6 @@ SYS_ARCH_PRCTL = 158  # x86_64 Linux
 REFUSALS = {
     "ENOSPC": "an alternate signal stack of a thread in this process (sigaltstack) is too small for the AMX "
               "state; enlarge or remove it",
-    "EINVAL": "this kernel does not support AMX (Linux 5.16 or later does)",
     "EPERM": "the kernel's or the container's policy forbids AMX for this process",
 }
 
@@ -47,10 +47,23 @@ def cpu_has_amx() -> bool:
     return "amx_tile" in flags.split()
 
 
-def _arch_prctl(code: int, arg) -> int:
-    """0, or the errno of `arch_prctl(code, arg)`."""
+# vLLM 0.32's CPU attention takes its AMX kernel for bf16 only (v1/attention/backends/cpu_attn.py); 'auto' may
+# resolve to bf16 (an fp32 checkpoint is downcast on a CPU with bf16).
+NEEDS_AMX = ("bfloat16", "auto")
+
+
+@functools.cache
+def _syscall():
     libc = ctypes.CDLL(None, use_errno=True)
-    return 0 if libc.syscall(SYS_ARCH_PRCTL, code, arg) == 0 else ctypes.get_errno()
+    libc.syscall.restype = ctypes.c_long
+    return libc.syscall
+
+
+def _arch_prctl(code: int, arg) -> int:
+    """0, or the errno of `arch_prctl(code, arg)`; EINVAL off x86_64 Linux (158 is another call elsewhere)."""
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        return errno.EINVAL
+    return 0 if _syscall()(ctypes.c_long(SYS_ARCH_PRCTL), ctypes.c_long(code), arg) == 0 else ctypes.get_errno()
 
 
 def amx_permitted() -> bool:
@@ -60,12 +73,13 @@ def amx_permitted() -> bool:
 
 
 def request_amx() -> str | None:
-    """Ask the kernel for AMX in this process. None: AMX is usable now, or the CPU has none (nothing to ask);
-    otherwise the kernel's reason for refusing, in words."""
+    """Ask the kernel for AMX in this process. None: AMX is usable now, or there is none to ask for (no AMX in
+    the CPU, or a kernel without AMX support: EINVAL, and then nothing can use it); otherwise the kernel's reason
+    for refusing, in words."""
     if not cpu_has_amx() or amx_permitted():
         return None
-    code = _arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)
-    if code == 0 and amx_permitted():
+    code = _arch_prctl(ARCH_REQ_XCOMP_PERM, ctypes.c_long(XFEATURE_XTILEDATA))
+    if code == errno.EINVAL or (code == 0 and amx_permitted()):
         return None
     why = os.strerror(code) if code else "granted, but not in effect"
     return REFUSALS.get(errno.errorcode.get(code, ""), f"arch_prctl(ARCH_REQ_XCOMP_PERM): {why}")
@@ -73,13 +87,28 @@ def request_amx() -> str | None:
 
 def require_amx_for(dtype: str, fix: str) -> None:
     """Before vLLM starts in this process with weights of `dtype` ('bfloat16', 'float32', 'auto', ...): ask for
-    AMX; if the kernel refuses and the engine would compute in half precision (where vLLM's CPU kernels use AMX),
-    raise with the reason and `fix` instead of letting vLLM die with SIGILL."""
+    AMX; if the kernel refuses and vLLM would take its AMX kernels (NEEDS_AMX), raise with the reason and `fix`
+    instead of letting vLLM die with SIGILL."""
     reason = request_amx()
-    if reason is not None and dtype not in ("float32", "float"):
+    if reason is not None and dtype in NEEDS_AMX:
         raise RuntimeError(f"this CPU has Intel AMX, but the kernel refused this process permission to use it "
-                           f"({reason}). vLLM's CPU attention in {dtype} would kill the process with 'Illegal "
+                           f"({reason}). vLLM's CPU attention in bf16 would kill the process with 'Illegal "
                            f"instruction'. {fix}")
+
+
+def plugin_missing() -> str | None:
+    """Why our vLLM plugin would not load in the processes vLLM starts (None: it will): it is what asks for
+    AMX there, the permission of the process that starts them being cleared by exec."""
+    from importlib.metadata import entry_points
+
+    names = {entry.name for entry in entry_points(group="vllm.general_plugins")}
+    if "verl_hf_cpu_amx" not in names:
+        return "verl_hf's vLLM plugin verl_hf_cpu_amx is not installed (an install from before it): reinstall " \
+               "verl_hf (`pip install -e .` in a clone)"
+    allowed = os.environ.get("VLLM_PLUGINS")
+    if allowed is not None and "verl_hf_cpu_amx" not in allowed.split(","):
+        return f"VLLM_PLUGINS={allowed!r} leaves out verl_hf_cpu_amx: add it (comma-separated)"
+    return None
 
 
 def vllm_plugin() -> None:

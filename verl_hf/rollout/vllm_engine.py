@@ -55,8 +55,8 @@ class VLLMEngine(RolloutEngine):
                              f"exceeds the model's max_position_embeddings={limit}; shorten prompts or responses.")
         vllm = import_vllm()
         if not torch.cuda.is_available():  # vLLM's bf16 CPU attention uses AMX without asking (rollout/amx.py)
-            require_amx_for(str(dtype).removeprefix("torch."), "Sample in float32: VerlConfig(rollout_dtype='float32') "
-                                                               "or bf16=False.")
+            require_amx_for(str(dtype).removeprefix("torch."), "Sample in float32: VerlConfig(rollout_dtype="
+                            "'float32'), or VLLMEngine(..., dtype=torch.float32) when building the engine yourself.")
         self.pad_token_id, self.eos_token_ids, self.dtype = pad_token_id, list(eos_token_ids), dtype
         self._config_dir = tempfile.TemporaryDirectory(prefix="verl_hf_vllm_")
         config.save_pretrained(self._config_dir.name)

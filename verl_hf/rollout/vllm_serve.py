@@ -17,7 +17,7 @@ import os
 import shlex
 import sys
 
-from .amx import require_amx_for
+from .amx import NEEDS_AMX, cpu_has_amx, plugin_missing, require_amx_for
 from .vllm_transfer import GLOO_BACKEND, TRANSPORTS
 
 # `python -m` rather than the `vllm` script: the script looks itself up as the `vllm` distribution, which
@@ -64,13 +64,30 @@ def serve_command(args: argparse.Namespace, passthrough: list[str], has_gpu: boo
 
 
 def passthrough_value(passthrough: list[str], flag: str) -> str | None:
-    """The value of `flag` among the flags passed on to vLLM (`--flag value` or `--flag=value`), else None."""
+    """The value of `flag` among the flags passed on to vLLM (`--flag value` or `--flag=value`; the last one
+    wins, as in vLLM's parser), else None (also when it may come from a `--config` file)."""
+    value = None
     for i, item in enumerate(passthrough):
         if item == flag and i + 1 < len(passthrough):
-            return passthrough[i + 1]
-        if item.startswith(flag + "="):
-            return item.split("=", 1)[1]
-    return None
+            value = passthrough[i + 1]
+        elif item.startswith(flag + "="):
+            value = item.split("=", 1)[1]
+    return value
+
+
+def check_amx(dtype: str) -> None:
+    """On a CPU, before exec: AMX must be permitted here (a refusal would be the server's too) and our vLLM plugin
+    must load in the server's processes, where it asks again (exec clears the permission). Both only matter
+    where vLLM's bf16 kernels use AMX; fp32 runs without."""
+    fix = "Start the server in float32: `verl-hf vllm-serve MODEL --dtype float32`."
+    try:
+        require_amx_for(dtype, fix)
+    except RuntimeError as e:
+        raise SystemExit(str(e)) from e
+    missing = plugin_missing() if cpu_has_amx() and dtype in NEEDS_AMX else None
+    if missing:
+        raise SystemExit(f"on this Intel AMX CPU the server's processes would die with 'Illegal instruction' in "
+                         f"bf16: {missing}. Or: {fix}")
 
 
 def main(argv: list[str]) -> int:
@@ -86,10 +103,5 @@ def main(argv: list[str]) -> int:
 
         raise SystemExit(INSTALL_HINT)
     if not torch.cuda.is_available():
-        # Only a check: exec clears the permission, and our vLLM plugin asks again in each server process.
-        try:
-            require_amx_for(passthrough_value(passthrough, "--dtype") or "auto",
-                            "Start the server in float32: `verl-hf vllm-serve MODEL --dtype float32`.")
-        except RuntimeError as e:
-            raise SystemExit(str(e)) from e
+        check_amx(passthrough_value(passthrough, "--dtype") or "auto")
     os.execve(sys.executable, cmd, {**os.environ, **env})  # vLLM takes over this process (and its signals)
