@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM := false
 # DeepSpeed JIT-compiles a CPU communication op on first use (~85 s): keep it with the environment.
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/$(VENV)/torch_extensions
 
-.PHONY: demo test install clean
+.PHONY: demo test check install clean
 
 install: $(VENV)/.installed
 
@@ -32,6 +32,18 @@ demo: install
 
 test: install $(VENV)/.installed-vllm
 	$(PY) -m pytest -q -p no:cacheprovider tests $(PYTEST_ARGS)
+
+# The fast tier for the edit loop (about a minute): the math, config, data, batch, rewards and sandbox unit tests.
+# No vLLM, no training run longer than a step. `make test` stays the whole suite (what CI runs).
+UNIT_TESTS := tests/test_algorithms.py tests/test_advantages_more.py tests/test_policy_losses.py \
+	tests/test_registry.py tests/test_kl_control.py tests/test_lagrangian.py tests/test_linear_logprobs.py \
+	tests/test_rollout_correction.py tests/test_batch.py tests/test_state.py tests/test_data.py \
+	tests/test_rewards.py tests/test_rewards_calling.py tests/test_verifiers.py tests/test_sandbox.py \
+	tests/test_errors.py::test_config_rejects tests/test_errors.py::test_config_rejects_more \
+	tests/test_errors.py::test_a_new_conditional_setting_is_one_declaration \
+	tests/test_bad_inputs.py::test_bad_config_is_refused_with_the_fix
+check: install
+	$(PY) -m pytest -q -p no:cacheprovider $(UNIT_TESTS) $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) demo-output demo-tools-output build *.egg-info

@@ -84,7 +84,7 @@ def _conversation_fields(batch, i: int) -> dict:
     environment's per-turn rewards, and the episode's reward with them (what the advantages were computed on)."""
     if "messages" not in batch.columns:
         return {}
-    from verl_hf.round import with_turn_rewards
+    from verl_hf.sample_and_score import with_turn_rewards
 
     return {"conversation": json.dumps(batch.columns["messages"][i]),
             "tool_statuses": list(batch.columns["tool_statuses"][i]),

@@ -133,7 +133,10 @@ def test_grpo_with_tools_trains_end_to_end(tool_model, tmp_path):
     from conftest import small_config
     from verl_hf import VerlTrainer
 
-    model, tokenizer, _ = tool_model
+    import copy
+
+    shared, tokenizer, _ = tool_model
+    model = copy.deepcopy(shared)  # trained here: the module's model stays as built for the other tests
     data = Dataset.from_list([{"prompt": p, "answer": p[0]["content"]} for p in prompts(32, seed=9)])
     seen = []
 
@@ -194,7 +197,7 @@ def test_the_tools_front_door_and_its_errors_before_any_model_loads(tool_model, 
     for kwargs, error, message in cases:
         with pytest.raises(error, match=message):
             VerlTrainer(model=path, args=args, train_dataset=data, **kwargs)
-    with pytest.raises(ValueError, match="max_turns=3 takes effect only in multi-turn rollouts"):
+    with pytest.raises(ValueError, match="max_turns=3 takes effect only when rollouts are multi-turn"):
         VerlTrainer(model=path, args=small_config(tmp_path, max_turns=3), train_dataset=data)
     plain = data.map(lambda row: {"prompt": row["prompt"][0]["content"]})
     with pytest.raises(ValueError, match="need chat prompts"):
@@ -235,7 +238,7 @@ def test_evaluation_counts_the_environments_turn_rewards_and_reports_the_rollout
     from conftest import small_config
     from verl_hf import VerlTrainer
 
-    _, tokenizer, path = tool_model  # the saved weights: the GRPO test trains the fixture's model in place
+    _, tokenizer, path = tool_model
     data = Dataset.from_list([{"prompt": p, "answer": "1"} for p in prompts(8, seed=11)])
 
     def half(completions, **columns):
@@ -265,7 +268,7 @@ def test_reset_opens_the_conversation_and_errors_name_the_sample_in_the_batch(to
 
     from verl_hf.data import tokenize_prompt
 
-    _, tokenizer, path = tool_model  # the saved weights: the GRPO test trains the fixture's model in place
+    _, tokenizer, path = tool_model
     actor = Actor(AutoModelForCausalLM.from_pretrained(path), tokenizer)
     rows = [{**row, "n": 10 + i} for i, row in enumerate(chat_rows(tokenizer, 2))]
     rollout = MultiTurnRollout(OpensWithAQuestion, tokenizer, None, max_turns=2, max_tokens=100, env_timeout_s=30,
@@ -440,7 +443,7 @@ def test_sixteen_samples_whose_tool_sleeps_finish_a_turn_at_once(tool_model):
 
     from transformers import AutoModelForCausalLM
 
-    _, tokenizer, path = tool_model  # the saved weights: the GRPO test trains the fixture's model in place
+    _, tokenizer, path = tool_model
     tools = as_tools([nap])
     rollout = MultiTurnRollout(lambda: ToolEnvironment(tools, lambda text: [ToolCall("nap", {"text": "x"})]),
                                tokenizer, None, max_turns=1, max_tokens=100, env_timeout_s=30)

@@ -42,7 +42,7 @@ CONFIG_CASES = [
     ("lambda lr without costs", dict(lambda_lr=0.5), ValueError, r"lambda_lr=0.5 takes effect only when cost_funcs"),
     ("cost window without costs", dict(episode_cost_window_size=8), ValueError, r"episode_cost_window_size=8 takes"),
     ("safety filter without costs", dict(safety_filter_threshold=0.5), ValueError,
-     r"safety_filter_threshold needs costs: set cost_funcs or cost_model_path"),
+     r"safety_filter_threshold=.* takes effect only when cost_funcs or cost_model_path is set"),
     ("IS threshold without rollout_is", dict(rollout_is_threshold=3.0), ValueError,
      r"rollout_is_threshold=3.0 takes effect only when rollout_is='token' or 'sequence'"),
     ("IS lower bound without rollout_is", dict(rollout_is_threshold_low=0.5), ValueError,
@@ -54,7 +54,7 @@ CONFIG_CASES = [
      r"kl_target=0.5 takes effect only when kl_controller='adaptive' or 'pid'"),
     ("PID gains with adaptive KL", dict(kl_coef=0.1, kl_controller="adaptive", kl_pid_gains=[1.0, 0.0, 0.0]),
      ValueError, r"kl_pid_gains=\[1.0, 0.0, 0.0\] takes effect only when kl_controller='pid'"),
-    ("KL control without KL", dict(kl_controller="adaptive"), ValueError, r"kl_coef=0 turns KL off"),
+    ("KL control without KL", dict(kl_controller="adaptive"), ValueError, r"kl_controller='adaptive' takes effect only when kl_coef > 0"),
     ("GAE lambda without GAE", dict(lam=0.9), ValueError,
      r"lam=0.9 takes effect only when adv_estimator is one that takes lam \(gae\).*adv_estimator='grpo'"),
     ("no turns", dict(max_turns=0), ValueError, r"max_turns=0 must be >= 1"),
@@ -73,7 +73,7 @@ CONFIG_CASES = [
     ("value clip without critic", dict(cliprange_value=0.2), ValueError, r"cliprange_value=0.2 takes effect"),
     ("critic warm-up without critic", dict(critic_warmup_steps=3), ValueError, r"critic_warmup_steps=3 takes effect"),
     ("critic path without critic", dict(critic_model_path="/x"), ValueError,
-     r"critic_model_path='/x' is set, but adv_estimator='grpo' trains no critic"),
+     r"critic_model_path='/x' takes effect only when adv_estimator='gae' \(PPO"),
     ("overlong factor without buffer", dict(overlong_penalty_factor=2.0), ValueError,
      r"overlong_penalty_factor=2.0 takes effect only when overlong_buffer_len > 0"),
     ("refill rounds without dynamic sampling", dict(dynamic_sampling_max_rounds=3), ValueError,
@@ -81,7 +81,7 @@ CONFIG_CASES = [
     ("label index without reward model", dict(reward_model_label_index=1), ValueError,
      r"reward_model_label_index=1 takes effect only when reward_model_path is set"),
     ("cost label without cost model", dict(cost_model_label_index=1), ValueError,
-     r"cost_model_label_index is set but there is no cost_model_path"),
+     r"cost_model_label_index=.* takes effect only when cost_model_path is set"),
     ("sleep mode on CPU", dict(rollout_engine="vllm", vllm_sleep_level=1), ValueError,
      r"vllm_sleep_level needs a GPU"),
     ("unknown on_nonfinite", dict(on_nonfinite="ignore"), ValueError, r"on_nonfinite='ignore' is unknown; valid"),
@@ -94,10 +94,11 @@ CONFIG_CASES = [
                                                vllm_server_url="http://h:1"), ValueError,
      r"routing_replay needs each token's experts.*use rollout_engine='vllm'"),
     ("server URL without server engine", dict(vllm_server_url="http://h:1"), ValueError,
-     r"vllm_server_url is set but rollout_engine='hf'"),
-    ("greedy evaluation repeated", dict(eval_num_generations=4), ValueError, r"eval_num_generations=4 with greedy"),
+     r"vllm_server_url='http://h:1' takes effect only when rollout_engine='vllm_server'.*\(here rollout_engine='hf'\)"),
+    ("greedy evaluation repeated", dict(eval_num_generations=4), ValueError,
+     r"eval_num_generations=4 takes effect only when eval_do_sample=True.*repeat one answer"),
     ("sync_verify with vLLM", dict(rollout_engine="vllm", sync_verify=True), ValueError,
-     r"sync_verify compares weights by HF name"),
+     r"sync_verify=True takes effect only when rollout_engine='hf'.*compares weights by their HF names"),
     ("negative top_k", dict(top_k=-1), ValueError, r"top_k=-1 must be >= 0 \(0 disables it\)"),
     ("empty prompts", dict(max_prompt_length=0), ValueError, r"max_prompt_length=0 must be > 0"),
     ("empty responses", dict(max_response_length=0), ValueError, r"max_response_length=0 must be > 0"),
@@ -162,6 +163,8 @@ DATA_CASES = [
      r"train row 0: a prompt must be text or a list of chat messages"),
     ("every prompt too long", Dataset.from_list([{"prompt": "1+1=" * 200}]), ValueError,
      r"every train prompt is longer than max_prompt_length=16"),
+    ("every prompt empty", Dataset.from_list([{"prompt": ""}, {"prompt": " "}]), ValueError,
+     r"every train prompt is empty \(no tokens after the chat template\); check the prompt column"),
 ]
 
 
@@ -178,6 +181,10 @@ def _missing_policy(tmp_path, warm):
     return dict(model=str(tmp_path / "no-such-model"))
 
 
+def _a_number_as_the_policy(tmp_path, warm):
+    return dict(model=42)
+
+
 def _missing_reward_model(tmp_path, warm):
     return dict(model=warm, args_extra=dict(reward_model_path=[str(tmp_path / "no-rm")], reward_funcs=None,
                                             reward_weights=None))
@@ -185,6 +192,20 @@ def _missing_reward_model(tmp_path, warm):
 
 def _missing_critic(tmp_path, warm):
     return dict(model=warm, args_extra=dict(adv_estimator="gae", critic_model_path="./no-such-critic"))
+
+
+def _truncated_weights(tmp_path, warm):
+    import shutil
+
+    copy = tmp_path / "truncated"
+    shutil.copytree(warm, copy)
+    weights = copy / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # a copy that stopped early
+    return dict(model=str(copy))
+
+
+def _missing_reference(tmp_path, warm):
+    return dict(model=warm, ref_policy=str(tmp_path / "no-such-ref"), args_extra=dict(kl_coef=0.1))
 
 
 def _tokenizer_too_big(tmp_path, warm):
@@ -219,6 +240,24 @@ def _multi_turn_setting_without_multi_turn(tmp_path, warm):
     return dict(model=warm, args_extra=dict(max_tool_calls=2))
 
 
+class _Echo:
+    """An environment that ends every conversation at once."""
+
+    def reset(self, row):
+        return None
+
+    def step(self, message):
+        from verl_hf.agent import Step
+
+        return Step(done=True)
+
+
+def _tool_limit_with_an_environment(tmp_path, warm):
+    from verl_hf.demo import TOOLS_WARM_START_DIR
+
+    return dict(model=str(TOOLS_WARM_START_DIR), environment=_Echo, args_extra=dict(tool_timeout_s=5.0))
+
+
 def _a_tool_path_that_does_not_load(tmp_path, warm):
     return dict(model=warm, args_extra=dict(tools=["verl_hf.demo.tools_task:mulitply"]))
 
@@ -229,13 +268,21 @@ SETUP_CASES = [
     ("an unknown tool-call parser", _unknown_tool_call_parser, ValueError,
      r"tool_call_parser='xml': unknown; built in: \['hermes'\], or pass a callable"),
     ("a multi-turn setting without multi-turn", _multi_turn_setting_without_multi_turn, ValueError,
-     r"max_tool_calls=2 takes effect only in multi-turn rollouts: pass tools=\[...\] or environment="),
+     r"max_tool_calls=2 takes effect only when tools are given: tools=\[...\] on VerlTrainer"),
+    ("a tool limit with an environment", _tool_limit_with_an_environment, ValueError,
+     r"tool_timeout_s=5.0 takes effect only when tools are given.*Why: an environment= enforces its own limits"),
     ("a tool path that does not load", _a_tool_path_that_does_not_load, ValueError,
      r"tool 'verl_hf.demo.tools_task:mulitply': 'verl_hf.demo.tools_task' has no callable named 'mulitply'; check"),
+    ("a number as the policy", _a_number_as_the_policy, TypeError,
+     r"model must be an id, a path or a PreTrainedModel, got int 42"),
     ("a policy path that does not exist", _missing_policy, FileNotFoundError,
      r"model='.*no-such-model': no such file or directory \(a local path"),
     ("a reward model path that does not exist", _missing_reward_model, FileNotFoundError,
      r"reward_model_path\[0\]='.*no-rm': no such file or directory"),
+    ("a truncated weights file", _truncated_weights, ValueError,
+     r"model='.*truncated': its weights file cannot be read .*; it is truncated or damaged. Copy or download"),
+    ("a reference path that does not exist", _missing_reference, FileNotFoundError,
+     r"ref_policy='.*no-such-ref': no such file or directory"),
     ("a critic path that does not exist", _missing_critic, FileNotFoundError,
      r"critic_model_path='./no-such-critic': no such file or directory"),
     ("a tokenizer larger than the model's vocabulary", _tokenizer_too_big, ValueError,
@@ -278,7 +325,20 @@ CLI_CASES = [
     ("unknown YAML field", "learning_rat: 1e-5\n", [], r"unknown field\(s\) 'learning_rat' \(did you mean 'learning_rate'"),
     ("bad value from a flag", "base_config: demo\n", ["--learning_rate", "-1"], r"learning_rate=-1.0 must be >= 0"),
     ("missing base config", "base_config: nowhere.yaml\n", [], r"base_config 'nowhere.yaml' not found at"),
+    ("missing local dataset", "base_config: demo\ndataset_name: ./no-such-data\n", [],
+     r"dataset_name='./no-such-data': no such file or directory \(a local path"),
 ]
+
+
+def test_a_null_test_split_evaluates_nothing():
+    """`dataset_test_split: null` (the field's help: "None: none") means no evaluation, for the demo's task too."""
+    from verl_hf.runner import ScriptArguments, load_splits
+
+    train, test = load_splits(ScriptArguments(dataset_test_split=None))
+    assert len(train) == 4000 and test is None
+    assert len(load_splits(ScriptArguments())[1]) == 200
+    with pytest.raises(ValueError, match=r"has splits \['train', 'dev', 'test'\], not 'validation'"):
+        load_splits(ScriptArguments(dataset_test_split="validation"))
 
 
 @pytest.mark.parametrize("text, flags, message", [c[1:] for c in CLI_CASES], ids=[c[0] for c in CLI_CASES])
@@ -294,7 +354,9 @@ def test_the_command_line_says_one_clear_line_and_exits_2(text, flags, message, 
     assert re.search(message, said) and said.startswith("verl-hf: error: ") and "Traceback" not in said, said
     traceback_file = re.search(r"\(traceback: (\S+);", said).group(1)
     assert "Traceback (most recent call last)" in Path(traceback_file).read_text()
-    with pytest.raises(ValueError, match=message):  # --traceback: the exception itself
+    from verl_hf.cli import USER_ERRORS
+
+    with pytest.raises(USER_ERRORS, match=message):  # --traceback: the exception itself
         main(["train", str(config), "--output_dir", str(tmp_path / "out"), *flags, "--traceback"])
 
 

@@ -2,25 +2,24 @@
 first layout is converted."""
 
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from verl_hf.algorithms import LossNorm, make_kl_controller
 from verl_hf.batch import RolloutBatch
-from verl_hf.checkpoint import FORMAT_VERSION, RLCheckpoint
+from verl_hf.checkpoint import FORMAT_VERSION, CheckpointSettings, RLCheckpoint
 from verl_hf.safety import NoConstraint
 from verl_hf.state import KLMeter, MetricBuffer, RefillStream, RolloutSeeds, RoundInProgress
 
 
 def _checkpoint():
-    args = SimpleNamespace(should_save=True, process_index=0, world_size=1, device="cpu",
-                           loss_agg_mode="seq-mean-token-mean", max_response_length=12)
+    settings = CheckpointSettings(should_save=True, process_index=0, world_size=1, device="cpu",
+                                  loss_agg_mode="seq-mean-token-mean", max_response_length=12)
     parts = {"round": RoundInProgress(), "metrics": MetricBuffer(), "kl_meter": KLMeter(), "refill": RefillStream(),
              "seeds": RolloutSeeds()}
     controller = make_kl_controller("adaptive", init_kl_coef=0.1, target_kl=0.05, horizon=100)
-    return RLCheckpoint(args, per_process=parts, constraint=NoConstraint(), kl_controller=controller), parts
+    return RLCheckpoint(settings, per_process=parts, constraint=NoConstraint(), kl_controller=controller), parts
 
 
 def test_named_state_round_trips(tmp_path):

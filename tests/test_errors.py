@@ -28,7 +28,6 @@ def _config(**overrides):
         (dict(temperature=0.0), "temperature=0.0 must be > 0"),
         (dict(top_p=1.5), "top_p=1.5 must be in (0, 1]"),
         (dict(clip_ratio_c=0.5), "clip_ratio_c=0.5 must be > 1"),
-        (dict(reward_funcs=["gsm8k"], reward_weights=[1.0, 2.0]), "one weight per function"),
         (dict(data_key_map="{not json"), "is not valid JSON"),
     ],
 )
@@ -47,6 +46,16 @@ def test_unknown_reward_name_lists_builtins(tmp_path, warm_start_dir, addition):
         VerlTrainer(model=warm_start_dir, args=small_config(tmp_path, reward_funcs=["gsm9k"], reward_weights=None),
                     train_dataset=addition[0])
     assert "gsm8k" in str(err.value) and "exact_match" in str(err.value)
+
+
+def test_reward_weights_counted_before_any_model_loads(tmp_path, addition):
+    """One weight per reward function, checked once, when VerlTrainer knows them all (here before the missing
+    reward model's path would be opened)."""
+    args = small_config(tmp_path, reward_funcs=["gsm8k"], reward_weights=[1.0, 2.0, 3.0],
+                        reward_model_path="no-such/reward-model")
+    with pytest.raises(ValueError, match=r"reward_weights has 3 entries .* for 2 reward functions \['gsm8k', "
+                                         r"'reward_model'\]; give one weight per function"):
+        VerlTrainer(model="no-such/policy", args=args, train_dataset=addition[0])
 
 
 def test_no_reward_at_all(tmp_path, warm_start_dir, addition):
@@ -122,13 +131,14 @@ def test_some_rewards_none_exclude_those_rows(tmp_path, warm_start_dir, addition
     [
         (dict(policy_loss="sapo", policy_loss_kwargs={"tau_postive": 1.0}), "['tau_postive'] are not keywords"),
         (dict(policy_loss_kwargs={"clip_ratio_low": 0.1}), "as VerlConfig fields"),
-        (dict(eval_num_generations=4), "set eval_do_sample=True"),
-        (dict(kl_controller="adaptive"), "kl_coef=0 turns KL off"),
+        (dict(eval_num_generations=4), "takes effect only when eval_do_sample=True"),
+        (dict(kl_controller="adaptive"), "takes effect only when kl_coef > 0"),
+        (dict(use_kl_in_reward=True), "use_kl_in_reward=True takes effect only when kl_coef > 0"),
         (dict(kl_coef=0.1, kl_controller="pid"), "three numbers (kp ki kd)"),
         (dict(logits_chunk_size=-1), "logits_chunk_size=-1 must be >= 0"),
         (dict(max_tokens_per_micro_batch=100), "must be >= max_prompt_length + max_response_length = 768"),
         (dict(max_tokens_per_micro_batch=1000, deepspeed={"zero_optimization": {"stage": 2}}),
-         "DeepSpeed's gradient accumulation"),
+         "gradient accumulation of DeepSpeed and FSDP does not count yet"),
         (dict(max_tokens_per_micro_batch=1000, policy_loss="clip_cov"), "picks its tokens by covariance"),
     ],
 )
@@ -160,3 +170,31 @@ def test_auto_rollout_engine_resolves_to_a_named_engine():
     expected = "hf" if not torch.cuda.is_available() else ("vllm", "hf")
     assert _config(rollout_engine="auto").rollout_engine in expected
     assert _config(rollout_engine="auto", vllm_server_url="http://127.0.0.1:1").rollout_engine == "vllm_server"
+
+
+def test_a_new_conditional_setting_is_one_declaration():
+    """The README's contributor example: a field whose type names its condition is refused where the condition
+    does not hold, with no other code; HfArgumentParser still sees the plain type."""
+    from dataclasses import dataclass, field
+    from typing import Annotated
+
+    from transformers import HfArgumentParser
+
+    from verl_hf.config import COLOCATED_VLLM, conditional_fields
+
+    @dataclass
+    class MyConfig(VerlConfig):
+        vllm_swap_space_gb: Annotated[int, COLOCATED_VLLM] = field(
+            default=0, metadata={"help": "vLLM: CPU swap space per GPU in GB."})
+
+    assert MyConfig(output_dir="/tmp/verl-hf-errors", use_cpu=True, rollout_engine="vllm",
+                    vllm_swap_space_gb=4).vllm_swap_space_gb == 4
+    with pytest.raises(ValueError, match=r"vllm_swap_space_gb=4 takes effect only when rollout_engine='vllm', which "
+                                         r"this setup does not have \(here rollout_engine='hf'\): set that, or leave "
+                                         r"vllm_swap_space_gb at its default \(0\)\."):
+        MyConfig(output_dir="/tmp/verl-hf-errors", use_cpu=True, vllm_swap_space_gb=4)
+    (parsed,) = HfArgumentParser(MyConfig).parse_args_into_dataclasses(
+        ["--output_dir", "/tmp/verl-hf-errors", "--use_cpu", "--rollout_engine", "vllm", "--vllm_swap_space_gb", "2"])
+    assert parsed.vllm_swap_space_gb == 2
+    conditional_fields.cache_clear()  # read again after the parser rewrote the fields' types: still there
+    assert conditional_fields(MyConfig)["vllm_swap_space_gb"] is COLOCATED_VLLM

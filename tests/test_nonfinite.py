@@ -117,7 +117,7 @@ def test_a_critic_step_with_a_nonfinite_gradient_is_never_applied(mode, tmp_path
     """Returns of inf give the value loss an inf gradient: the critic's weights stay as they were, and the
     step stops the run ("raise") or is counted (`critic/skipped_step`)."""
     from verl_hf import Actor, Critic
-    from verl_hf.update import PolicyUpdate
+    from verl_hf.update import PolicyUpdate, UpdateSettings
 
     critic = Critic.from_pretrained(warm_start_dir, learning_rate=1e-2)
     batch = Actor(policy, tokenizer).generate_sequences(["What is 12 plus 34?\n"], max_new_tokens=6,
@@ -126,7 +126,7 @@ def test_a_critic_step_with_a_nonfinite_gradient_is_never_applied(mode, tmp_path
     batch.returns = torch.full(batch.response_ids.shape, float("inf"))
     batch.loss_norm = None  # token-mean over this batch
     before = {k: v.clone() for k, v in critic.model.state_dict().items()}
-    update = PolicyUpdate(small_config(tmp_path, on_nonfinite=mode), kl_controller=None)
+    update = PolicyUpdate(UpdateSettings.of(small_config(tmp_path, on_nonfinite=mode)), kl_controller=None)
     if mode == "raise":
         with pytest.raises(FloatingPointError, match="the critic's gradient norm is"):
             update.critic_step(batch, critic, "values", "returns", "critic", optimizer_step=True)

@@ -41,3 +41,25 @@ def test_wheel_contains_and_imports_callbacks(tmp_path):
                          capture_output=True, text=True, cwd=tmp_path).stdout.split()
     assert out[0] == str(target / "verl_hf" / "callbacks" / "__init__.py")
     assert out[1] == str(target / "verl_hf" / "__init__.py")
+
+
+def test_every_private_trainer_hook_we_override_exists():
+    """VerlTrainer overrides private Trainer methods; a transformers release that drops or renames one is said
+    at construction, with the supported range, instead of silently skipping our override."""
+    import pytest
+    import transformers
+
+    from verl_hf import VerlTrainer
+    from verl_hf.trainer_setup import TRAINER_HOOKS, check_trainer_hooks
+
+    check_trainer_hooks()  # the installed transformers has them all
+    overridden = {name for name in vars(VerlTrainer) if name.startswith("_") and not name.startswith("__")
+                  and hasattr(transformers.Trainer, name)}
+    assert overridden <= set(TRAINER_HOOKS), overridden - set(TRAINER_HOOKS)
+
+    class Renamed(transformers.Trainer):
+        _get_grad_norm = None
+
+    with pytest.raises(RuntimeError, match=r"Trainer._get_grad_norm is gone, but VerlTrainer overrides or calls it "
+                                           r"with \('model', 'grad_norm'\); install .*transformers>=5.3,<5.21"):
+        check_trainer_hooks(Renamed)

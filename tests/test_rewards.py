@@ -327,9 +327,14 @@ def test_bad_outputs_raise_naming_function(output, error, message):
         _score([_const(output, "f")], n=4)
 
 
+def test_a_score_beyond_float32_is_refused_not_logged_as_inf():
+    with pytest.raises(ValueError, match=r"reward function 'a' returned 1e\+39 for sample 0, beyond float32's range"):
+        _score([_const([1e39], "a")])
+
+
 def test_weights_length_must_match():
-    with pytest.raises(ValueError, match=r"got 1 reward weights \[1.0\] for 2 "
-                       r"reward functions \['a', 'b'\]"):
+    with pytest.raises(ValueError, match=r"reward_weights has 1 entries \[1.0\] for 2 "
+                       r"reward functions \['a', 'b'\]; give one weight per function"):
         _score([_const([1.0], "a"), _const([1.0], "b")], weights=[1.0])
 
 

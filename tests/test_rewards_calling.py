@@ -14,24 +14,24 @@ def _score(funcs, n=4, **kwargs):
 
 
 def test_async_functions_run_concurrently_beside_sync_ones():
-    """Two async functions that each sleep 0.3 s finish together in well under 0.6 s."""
+    """Four async functions that each sleep 0.4 s finish together: under half the 1.6 s they would take one after
+    another (a bound 2x away from the serial path, 0.4 s above the concurrent one)."""
     import time
 
-    async def slow_a(prompts, completions, completion_ids, answer):
-        await asyncio.sleep(0.3)
-        return [float(a) for a in answer]
+    def sleeper(name, value):
+        async def slow(prompts, completions, completion_ids, answer):
+            await asyncio.sleep(0.4)
+            return [value] * len(answer)
 
-    async def slow_b(prompts, completions, completion_ids, answer):
-        await asyncio.sleep(0.3)
-        return [1.0] * len(answer)
+        return (name, slow)
 
     def plain(prompts, completions, completion_ids, answer):
         return [0.5] * len(answer)
 
     start = time.perf_counter()
-    result = _score([("a", slow_a), ("b", slow_b), ("plain", plain)])
-    assert time.perf_counter() - start < 0.55
-    assert result.rewards.tolist() == [1.5, 2.5, 3.5, 4.5]
+    result = _score([sleeper("a", 1.0), sleeper("b", 1.0), sleeper("c", 0.0), sleeper("d", 0.0), ("plain", plain)])
+    assert time.perf_counter() - start < 0.8
+    assert result.rewards.tolist() == [2.5] * 4
 
 
 def test_async_function_inside_a_running_event_loop():

@@ -119,7 +119,7 @@ def test_auto_hf_engine_decodes_in_the_mixed_precision_dtype(policy, tokenizer, 
     args = VerlConfig(output_dir="/tmp/verl-hf-engine", report_to="none", use_cpu=True, bf16=bf16,
                       per_device_train_batch_size=8, num_generations=4)
     policy_attention = policy.config._attn_implementation
-    engine = make_rollout_engine(policy, tokenizer, args, zero_stage=None)
+    engine = make_rollout_engine(policy, tokenizer, args)
     if not bf16:
         assert isinstance(engine, HFSharedEngine) and engine.generates_from(policy)
         return

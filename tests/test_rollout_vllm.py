@@ -66,7 +66,8 @@ def test_tensor_parallel_size_must_divide_the_processes(tmp_path, warm_start_dir
 def test_vllm_config_errors(tmp_path):
     from verl_hf import VerlConfig
 
-    with pytest.raises(ValueError, match="sync_verify compares weights by HF name"):
+    with pytest.raises(ValueError, match="sync_verify=True takes effect only when rollout_engine='hf'.*compares "
+                                         "weights by their HF names"):
         VerlConfig(output_dir=str(tmp_path), rollout_engine="vllm", sync_verify=True, use_cpu=True)
     import torch
 

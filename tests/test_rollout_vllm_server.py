@@ -138,10 +138,11 @@ def test_server_errors_name_the_fix(server, tmp_path):
         _engine(f"http://127.0.0.1:{_free_port()}", model_, tokenizer)
     with pytest.raises(ValueError, match="needs vllm_server_url='http://HOST:PORT'"):
         VerlConfig(output_dir=str(tmp_path), rollout_engine="vllm_server", use_cpu=True)
-    with pytest.raises(ValueError, match="rollout_tensor_parallel_size=2 configures a colocated engine"):
+    with pytest.raises(ValueError, match="rollout_tensor_parallel_size=2 takes effect only when "
+                                         "rollout_engine='vllm'.*the server is sized where it starts"):
         VerlConfig(output_dir=str(tmp_path), rollout_engine="vllm_server", vllm_server_url=server,
                    rollout_tensor_parallel_size=2, use_cpu=True)
-    with pytest.raises(ValueError, match="set rollout_engine='vllm_server'"):
+    with pytest.raises(ValueError, match="vllm_server_url=.* takes effect only when rollout_engine='vllm_server'"):
         VerlConfig(output_dir=str(tmp_path), vllm_server_url=server, use_cpu=True)
 
 

@@ -7,7 +7,8 @@ from verl_hf import Actor, VerlTrainer
 from verl_hf.algorithms import make_kl_controller
 from verl_hf.data import prepare_prompts
 from verl_hf.rewards import resolve_reward_funcs
-from verl_hf.round import RewardStage, RoundBuilder
+from verl_hf.round import RoundBuilder, RoundSettings
+from verl_hf.sample_and_score import RewardSettings, RewardStage
 from verl_hf.safety import NoConstraint
 from verl_hf.state import MetricBuffer
 
@@ -32,8 +33,8 @@ def test_a_round_built_from_rows_is_what_the_trainer_trains_on(tmp_path, warm_st
     trained = trainer.round_in_progress.micro_batches
 
     actor = Actor.from_pretrained(warm_start_dir)
-    rewards = RewardStage(resolve_reward_funcs(["gsm8k", "gsm8k_format"]), [1.0, 0.1], args)
-    builder = RoundBuilder(args, actor, rewards, constraint=NoConstraint(),
+    rewards = RewardStage(resolve_reward_funcs(["gsm8k", "gsm8k_format"]), [1.0, 0.1], RewardSettings.of(args))
+    builder = RoundBuilder(RoundSettings.of(args), actor, rewards, constraint=NoConstraint(),
                            kl_controller=make_kl_controller("fixed", kl_coef=0.0), metrics=MetricBuffer())
     torch.manual_seed(7)
     planned = builder.build(rows, step=0)
@@ -54,7 +55,8 @@ def test_unscored_rows_leave_the_loss_and_the_sequence_count(tmp_path, warm_star
         args = small_config(tmp_path, reward_funcs=None, reward_weights=None, max_steps=1,
                             loss_agg_mode="seq-mean-token-mean", seq_mean_count_empty_rows=count_empty)
         actor = Actor.from_pretrained(warm_start_dir)
-        builder = RoundBuilder(args, actor, RewardStage(resolve_reward_funcs([every_other]), [1.0], args),
+        rewards = RewardStage(resolve_reward_funcs([every_other]), [1.0], RewardSettings.of(args))
+        builder = RoundBuilder(RoundSettings.of(args), actor, rewards,
                                constraint=NoConstraint(), kl_controller=make_kl_controller("fixed", kl_coef=0.0),
                                metrics=MetricBuffer())
         prompts = prepare_prompts(addition[0].select(range(8)), actor.tokenizer, None, 32, "train")

@@ -19,15 +19,15 @@ def test_kl_meter_token_weights_the_round_and_counts_its_samples_once():
     meter.observe(2.0, 4.0, samples=8)   # micro-batch 1: KL sum 2 over 4 tokens
     meter.observe(1.0, 6.0, samples=8)   # micro-batch 2 (a second epoch would add again, samples stay 8)
     controller = _Controller()
-    meter.update_controller(controller, "adaptive", reduce=lambda seen: seen)
+    meter.update_controller(controller, "adaptive", reduce_sum=lambda t: t, device="cpu")
     assert controller.updates == [(pytest.approx(0.3), 8)]  # (2 + 1) / (4 + 6); 8 samples
-    meter.update_controller(controller, "adaptive", reduce=lambda seen: seen)  # nothing pending: no step
+    meter.update_controller(controller, "adaptive", reduce_sum=lambda t: t, device="cpu")  # nothing pending: no step
     assert len(controller.updates) == 1
     meter.observe(1.0, 1.0, samples=3)
-    meter.update_controller(controller, "pid", reduce=lambda seen: [2 * v for v in seen])  # two processes
+    meter.update_controller(controller, "pid", reduce_sum=lambda t: 2 * t, device="cpu")  # two processes
     assert controller.updates[-1] == (pytest.approx(1.0), 1)  # PID: one update is one time step
     meter.observe(1.0, 1.0, samples=3)
-    meter.update_controller(controller, "fixed", reduce=lambda seen: seen)
+    meter.update_controller(controller, "fixed", reduce_sum=lambda t: t, device="cpu")
     assert len(controller.updates) == 2 and meter.pending is None
 
 

@@ -5,7 +5,7 @@ bucket names to decoder-layer prefixes, and transformers 5's in-memory layout re
 import torch
 
 from verl_hf.rollout.vllm_compat import layer_prefixes, transformers_classes_kept
-from verl_hf.sync.names import checkpoint_form
+from verl_hf.rollout.vllm_compat import checkpoint_form
 
 
 def tiny_moe():

@@ -19,11 +19,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
 from .algorithms import LossNorm
+from .settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -35,21 +36,33 @@ ROUND_FILE = "rl_round_{}.pt"
 REFERENCE_FILE = "reference.safetensors"
 
 
+@dataclass(frozen=True)
+class CheckpointSettings(Settings):
+    """Where this process sits (its files are its own) and, for checkpoints of format version 1, the loss
+    normaliser's settings."""
+    process_index: int
+    world_size: int
+    should_save: bool
+    device: torch.device
+    loss_agg_mode: str
+    max_response_length: int
+
+
 class RLCheckpoint:
     """Holds: references to the stateful parts of a run: `per_process` (name -> object with state_dict /
     load_state_dict, one file per rank), the critic, the constraint, the KL controller and the reference."""
 
-    def __init__(self, args, *, per_process: dict, critic=None, constraint=None, kl_controller=None,
-                 ref_policy=None, reduce_sum=lambda t: t):
-        self.args, self.per_process, self.critic, self.constraint = args, per_process, critic, constraint
+    def __init__(self, settings: CheckpointSettings, *, per_process: dict, critic=None, constraint=None,
+                 kl_controller=None, ref_policy=None, reduce_sum=lambda t: t):
+        self.settings, self.per_process, self.critic, self.constraint = settings, per_process, critic, constraint
         self.kl_controller, self.ref_policy, self.reduce_sum = kl_controller, ref_policy, reduce_sum
 
     def save(self, output_dir: str) -> None:
         os.makedirs(output_dir, exist_ok=True)  # the main process may not have created it yet
-        main = self.args.should_save
+        main = self.settings.should_save
         state = {name: part.state_dict() for name, part in self.per_process.items()}
-        torch.save({"format_version": FORMAT_VERSION, "world_size": self.args.world_size, "parts": state},
-                   os.path.join(output_dir, ROUND_FILE.format(self.args.process_index)))
+        torch.save({"format_version": FORMAT_VERSION, "world_size": self.settings.world_size, "parts": state},
+                   os.path.join(output_dir, ROUND_FILE.format(self.settings.process_index)))
         if main:
             with open(os.path.join(output_dir, VERSION_FILE), "w") as f:
                 json.dump({"format_version": FORMAT_VERSION}, f)
@@ -89,16 +102,16 @@ class RLCheckpoint:
     def load_per_process(self, checkpoint: str) -> bool:
         """Every process continues its saved state, or (no file: a checkpoint from before round files) all start
         a fresh round together. Returns whether the state was loaded."""
-        path = os.path.join(checkpoint, ROUND_FILE.format(self.args.process_index))
+        path = os.path.join(checkpoint, ROUND_FILE.format(self.settings.process_index))
         saved = self._read_round_file(path) if os.path.exists(path) else None
-        if saved is not None and saved["world_size"] != self.args.world_size:
+        if saved is not None and saved["world_size"] != self.settings.world_size:
             raise ValueError(f"{checkpoint} was saved by {saved['world_size']} processes and holds their rollout "
                              f"rounds; resume it with {saved['world_size']} processes (or delete its rl_round_*.pt "
                              f"files to start a fresh round).")
-        everyone = torch.tensor([0.0 if saved is None else 1.0], device=self.args.device)
-        if self.args.world_size > 1:
+        everyone = torch.tensor([0.0 if saved is None else 1.0], device=self.settings.device)
+        if self.settings.world_size > 1:
             everyone = self.reduce_sum(everyone)
-        if everyone.item() < self.args.world_size:
+        if everyone.item() < self.settings.world_size:
             return False
         for name, part in self.per_process.items():
             if name in saved["parts"]:  # a part newer than the checkpoint starts fresh
@@ -120,13 +133,13 @@ class RLCheckpoint:
     def _first_layout_parts(self, saved: dict) -> dict:
         """Format version 1 kept flat keys, and each micro-batch its step's normaliser as two loose numbers
         (`step_num_tokens`, `step_num_seqs`, every row counted): they become the LossNorm the run trained with."""
-        args, converted = self.args, {}
+        s, converted = self.settings, {}
 
         def upgraded(mb):  # ppo_epochs repeats the same objects: each is converted once, and stays shared
             if id(mb) not in converted:
                 loose = mb.__dict__
-                norm = LossNorm(args.loss_agg_mode, num_tokens=loose.get("step_num_tokens"),
-                                num_seqs=loose.get("step_num_seqs"), constant=args.max_response_length,
+                norm = LossNorm(s.loss_agg_mode, num_tokens=loose.get("step_num_tokens"),
+                                num_seqs=loose.get("step_num_seqs"), constant=s.max_response_length,
                                 count_empty_rows=True)
                 converted[id(mb)] = replace(mb, loss_norm=norm)
             return converted[id(mb)]

@@ -107,12 +107,21 @@ def prepare_prompts(dataset, tokenizer, data_key_map: dict | None, max_prompt_le
                                                                       **prompt_kwargs)},
                           with_indices=True, desc="tokenize prompts")
     before = len(dataset)
-    dataset = dataset.filter(lambda row: 0 < len(row[PROMPT_IDS]) <= max_prompt_length, desc="filter prompt length")
-    dropped = before - len(dataset)
-    if dropped:
-        logger.warning(f"{split}: dropped {dropped} of {before} prompts longer than max_prompt_length={max_prompt_length} tokens (or empty).")
-    if len(dataset) == 0:
-        raise ValueError(f"every {split} prompt is longer than max_prompt_length={max_prompt_length} tokens; raise it.")
+    # Empty: no tokens, or no text (a tokenizer may still add its BOS token to "").
+    lengths = [0 if isinstance(text, str) and not text.strip() else len(ids)
+               for text, ids in zip(dataset["prompt"], dataset[PROMPT_IDS])]
+    empty, long = sum(n == 0 for n in lengths), sum(n > max_prompt_length for n in lengths)
+    if empty == before:
+        raise ValueError(f"every {split} prompt is empty (no tokens after the chat template); check the prompt "
+                         f"column (data_key_map maps another column to 'prompt').")
+    if long + empty == before:
+        raise ValueError(f"every {split} prompt is longer than max_prompt_length={max_prompt_length} tokens"
+                         f"{f' or empty ({empty})' if empty else ''}; raise max_prompt_length.")
+    if long or empty:
+        dataset = dataset.filter(lambda row, i: 0 < lengths[i] <= max_prompt_length, with_indices=True,
+                                 desc="filter prompt length")
+        logger.warning(f"{split}: dropped {long} of {before} prompts longer than max_prompt_length="
+                       f"{max_prompt_length} tokens and {empty} empty ones.")
     return dataset
 
 
@@ -212,6 +221,16 @@ class RLHFDataset:
         collate = functools.partial(prompt_batch, max_response_length=self.max_response_length)
         return DataLoader(self.dataset, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
                           generator=generator, collate_fn=collate)
+
+
+def round_dataloader(dataset, args, collate_fn) -> "RoundDataLoader":
+    """The training dataloader: each round's prompt rows, repeated once per micro-step the round feeds, this
+    process's share of them."""
+    sampler = RoundBatchSampler(len(dataset), args.prompts_per_round, args.micro_steps_per_round,
+                                num_processes=args.world_size, process_index=args.process_index,
+                                seed=args.data_seed or args.seed)
+    return RoundDataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn,
+                           num_workers=args.dataloader_num_workers)
 
 
 def prompt_batch(rows: list[dict], max_response_length: int | None = None) -> dict:

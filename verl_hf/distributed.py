@@ -92,6 +92,14 @@ def whole_model(model: torch.nn.Module):
     return gathered_params(list(model.parameters()))
 
 
+def sum_over_processes(accelerator):
+    """`reduce_sum(tensor) -> tensor`: the sum over every training process (every rank calls it together), the
+    tensor itself in one process."""
+    if accelerator.num_processes == 1:
+        return lambda values: values
+    return lambda values: accelerator.reduce(values, reduction="sum")
+
+
 def zero_stage(accelerator) -> int | None:
     """The DeepSpeed ZeRO stage an `accelerate.Accelerator` runs with; None without DeepSpeed."""
     plugin = getattr(accelerator.state, "deepspeed_plugin", None)

@@ -11,8 +11,17 @@ from __future__ import annotations
 
 import torch
 
+from .data import prepare_prompts, prompt_options
 from .metrics import accuracy_metric
-from .round import RewardStage, generate, sampling_kwargs, with_turn_rewards
+from .sample_and_score import RewardStage, SamplingSettings, generate, sampling_kwargs, with_turn_rewards
+
+
+def as_eval_prompts(dataset, tokenizer, args, prefix: str, multi_turn=None):
+    """The eval split as prompt rows (templated and tokenized once; already prepared ones as they are)."""
+    if "prompt_ids" in dataset.column_names:
+        return dataset
+    return prepare_prompts(dataset, tokenizer, args.data_key_map, args.max_prompt_length, prefix,
+                           **prompt_options(multi_turn))
 
 
 def evaluate_rewards(actor, rewards: RewardStage, constraint, dataset, args, prefix: str,
@@ -28,7 +37,7 @@ def evaluate_rewards(actor, rewards: RewardStage, constraint, dataset, args, pre
     scores, lengths, costs, turn_rewards, rollout = [], [], [], [], []
     for start in range(0, len(indices), args.per_device_eval_batch_size):
         rows = [dataset[i] for i in indices[start : start + args.per_device_eval_batch_size]]
-        batch, rollout_metrics = generate(actor, rows, multi_turn, **sampling_kwargs(args, train=False))
+        batch, rollout_metrics = generate(actor, rows, multi_turn, **sampling_kwargs(SamplingSettings.of(args), train=False))
         scores += rewards.run(batch).per_function.tolist()
         lengths += batch.response_mask.sum(dim=1).float().tolist()
         costs += constraint.eval_costs(batch)

@@ -1,16 +1,77 @@
-"""`ResourcePool`: which devices a role lives on, for frozen roles placed by hand in one process.
+"""Where roles live. `Placement`: the one decision of a trainer's run (one process, DDP, ZeRO-1/2, ZeRO-3 or
+FSDP2; the device), made once from the accelerator, that every build site asks. `ResourcePool`: which
+devices a role lives on, for frozen roles placed by hand in one process.
+
+`Placement.place_frozen(model)` puts a frozen model (reference, reward or cost model) where the actor's
+weights are: partitioned by a DeepSpeed inference engine under ZeRO-3, sharded with `fully_shard` under
+FSDP2, else a whole copy on the process's device. `place_critic(role)` does the same for the trained critic
+(its own DeepSpeed engine under any ZeRO stage).
 
 `pool.slice(a, b)` takes devices a..b-1; `role.deploy(slice)` moves a role there. A frozen role (reference,
 reward model) given several devices is split across them layer by layer with accelerate's device map; a
 trained role (actor, critic) takes one device, because its data parallelism belongs to `accelerate launch`.
 On a machine without accelerators the pool is the CPU.
 
-See it work: tests/test_roles.py.
+See it work: tests/test_roles.py, tests/test_sync_zero3.py, tests/test_fsdp2.py.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
+
+from .distributed import deepspeed_inference, fsdp_version, sharded_like_actor, zero_stage
+
+KINDS = ("one process", "ddp", "zero", "zero3", "fsdp2")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Holds: the run's kind (KINDS: ZeRO-1/2 is 'zero'), its ZeRO stage (None without DeepSpeed), the
+    process's device, the process count, and the accelerator that places models."""
+    kind: str
+    zero_stage: int | None
+    device: torch.device
+    num_processes: int
+    accelerator: Any
+
+    @classmethod
+    def of(cls, accelerator, device) -> "Placement":
+        stage = zero_stage(accelerator)
+        if fsdp_version(accelerator) == 2:
+            kind = "fsdp2"
+        elif stage is not None:
+            kind = "zero3" if stage == 3 else "zero"
+        else:
+            kind = "ddp" if accelerator.num_processes > 1 else "one process"
+        return cls(kind, stage, torch.device(device), accelerator.num_processes, accelerator)
+
+    @property
+    def shards_weights(self) -> bool:
+        """No process holds the whole policy (ZeRO-3, FSDP2): frozen copies are sharded too."""
+        return self.kind in ("zero3", "fsdp2")
+
+    def place_frozen(self, model: torch.nn.Module):
+        """(the model where it runs, the DeepSpeed inference engine that holds it under ZeRO-3 or None)."""
+        if self.kind == "zero3":
+            engine = deepspeed_inference(self.accelerator, model)
+            return engine.module, engine
+        if self.kind == "fsdp2":
+            return sharded_like_actor(self.accelerator, model.eval().requires_grad_(False)), None
+        return model.to(self.device), None
+
+    def place_critic(self, role):
+        """The trained critic: its own DeepSpeed engine with the run's ZeRO stage, sharded like the actor under
+        FSDP2 (which then averages its gradients), else on the device (DDP: averaged in its step())."""
+        if self.zero_stage is not None:
+            return role.use_deepspeed(self.accelerator.state.deepspeed_plugin.deepspeed_config)
+        if self.kind == "fsdp2":
+            role.model = sharded_like_actor(self.accelerator, role.model, frozen=False)
+            return role
+        role.model.to(self.device)
+        return role
 
 
 def _default_devices() -> list[str]:

@@ -95,6 +95,13 @@ def write_run_config(trainer, output_dir: str) -> None:
         json.dump(run_info(trainer), f, indent=2, sort_keys=True)
 
 
+def write_model_card(trainer, repo_id: str | None) -> None:
+    """README.md in the run's output_dir; `repo_id` defaults to the folder's name."""
+    output_dir = trainer.args.output_dir
+    with open(os.path.join(output_dir, "README.md"), "w") as f:
+        f.write(model_card(run_info(trainer), repo_id or os.path.basename(os.path.normpath(output_dir))))
+
+
 def model_card(info: dict, repo_id: str) -> str:
     """The model card (README.md) for a run described by `info` (see run_info)."""
     tags = ["verl_hf", "reinforcement-learning", info["algorithm"].split(" ")[0].lower()]

@@ -23,46 +23,9 @@ from .algorithms import LossNorm, advantage_spec, group_all_equal, group_stats, 
 from .algorithms import place_outcome_rewards
 from .batch import RolloutBatch, concat_batches
 from .distributed import is_sharded
-from .rewards import score_completions
-from .rewards.shaping import overlong_penalty
+from .sample_and_score import RewardStage, SamplingSettings, generate, sampling_kwargs, with_turn_rewards
+from .settings import Settings
 from .state import MetricBuffer, RefillStream, RolloutSeeds
-
-
-def sampling_kwargs(args, train: bool) -> dict:
-    """Sampling arguments of `Actor.generate_sequences` for training rollouts or evaluation."""
-    return dict(max_new_tokens=args.max_response_length, temperature=args.temperature, top_p=args.top_p,
-                top_k=args.top_k, num_return_sequences=args.num_generations if train else args.eval_num_generations,
-                do_sample=True if train else args.eval_do_sample, return_logprobs=train and args.rollout_is is not None,
-                return_routes=train and args.routing_replay)
-
-
-def generate(actor, rows: list[dict], multi_turn=None, **sampling):
-    """(RolloutBatch, rollout metrics) for these dataset rows: one response each, or with `multi_turn` (an
-    agent.MultiTurnRollout) whole conversations; `sampling` as `sampling_kwargs` gives it. Training rounds,
-    ReMax's greedy baselines and evaluation all sample through here."""
-    if multi_turn is not None:
-        return actor.generate_conversations(multi_turn, rows, **sampling)
-    return actor.generate_sequences(prompt_ids=[r["prompt_ids"] for r in rows], rows=rows, **sampling), {}
-
-
-class RewardStage:
-    """Holds: the reward functions with their weights, and the shaping settings (overlong penalty)."""
-
-    def __init__(self, reward_funcs: list, reward_weights: list[float], args):
-        self.funcs, self.weights, self.args = reward_funcs, reward_weights, args
-
-    def run(self, batch: RolloutBatch):
-        """The functions' `RewardResult` for a batch."""
-        return score_completions(self.funcs, self.weights, prompts=batch.prompts, completions=batch.completions,
-                                 completion_ids=batch.completion_ids(), columns=batch.columns,
-                                 on_error=self.args.reward_on_error, timeout_s=self.args.reward_timeout_s)
-
-    def rewards(self, batch: RolloutBatch):
-        """(rewards (B,) with shaping, the functions' RewardResult, overlong penalty (B,))."""
-        result = self.run(batch)
-        penalty = overlong_penalty(batch.response_mask.sum(dim=1), self.args.max_response_length,
-                                   self.args.overlong_buffer_len, self.args.overlong_penalty_factor)
-        return torch.nan_to_num(result.rewards.to(penalty.device), nan=0.0) + penalty, result, penalty
 
 
 @dataclass(frozen=True)
@@ -75,21 +38,52 @@ class PlannedRound:
     kl_in_reward: tuple[float, float, float] | None = None
 
 
+@dataclass(frozen=True)
+class RoundSettings(Settings):
+    """What a round reads from the config: sampling, seeding, dynamic sampling, the estimator and its
+    parameters, KL in the reward, the round's and steps' sizes, and where this process sits."""
+    sampling: SamplingSettings
+    rollout_seed_per_prompt: bool
+    seed: int
+    overlong_buffer_len: int
+    dynamic_sampling: bool
+    dynamic_sampling_max_rounds: int
+    adv_estimator: str
+    gamma: float
+    lam: float
+    norm_adv_by_std_in_grpo: bool
+    singleton_group_advantage: str
+    use_kl_in_reward: bool
+    kl_kind: str
+    loss_agg_mode: str
+    seq_mean_count_empty_rows: bool
+    max_response_length: int
+    ppo_epochs: int
+    per_device_train_batch_size: int
+    gradient_accumulation_steps: int
+    prompts_per_round: int
+    rollout_generation_batch_size: int
+    micro_steps_per_round: int
+    process_index: int
+    world_size: int
+    device: torch.device
+
+
 class RoundBuilder:
     """Holds: the roles a round calls (actor, reference, critic, rewards, constraint), the KL controller it reads,
     and the two streams a round consumes: dynamic sampling's refill prompts and the per-prompt seeds."""
 
-    def __init__(self, args, actor, rewards: RewardStage, *, ref_policy=None, critic=None, constraint,
-                 kl_controller, metrics: MetricBuffer, train_dataset=None, reduce_sum=lambda t: t,
+    def __init__(self, settings: RoundSettings, actor, rewards: RewardStage, *, ref_policy=None, critic=None,
+                 constraint, kl_controller, metrics: MetricBuffer, train_dataset=None, reduce_sum=lambda t: t,
                  precision=contextlib.nullcontext, multi_turn=None):
         """`precision`: the context the actor's loss forward runs under (accelerate's autocast); the reference
         and behaviour log-probs are computed under it too, or bf16 training would see KL and ratios off 1 that
         are only rounding. `multi_turn`: an agent.MultiTurnRollout (tools= / environment=), else None."""
-        self.args, self.actor, self.rewards, self.precision = args, actor, rewards, precision
+        self.settings, self.actor, self.rewards, self.precision = settings, actor, rewards, precision
         self.multi_turn = multi_turn
         self.ref_policy, self.critic, self.constraint, self.kl_controller = ref_policy, critic, constraint, kl_controller
         self.metrics, self.train_dataset, self.reduce_sum = metrics, train_dataset, reduce_sum
-        self.advantage = advantage_spec(args.adv_estimator)
+        self.advantage = advantage_spec(settings.adv_estimator)
         self.refill, self.seeds = RefillStream(), RolloutSeeds()
 
     def build(self, rows: list[dict], step: int, micro_step: int = 0) -> PlannedRound:
@@ -106,11 +100,11 @@ class RoundBuilder:
 
     def sample(self, rows: list[dict], step: int) -> RolloutBatch:
         seeds = None
-        if self.args.rollout_seed_per_prompt:
-            seeds = self.seeds.for_rows(self.args.seed, step, len(rows), self.args.process_index * len(rows))
+        if self.settings.rollout_seed_per_prompt:
+            seeds = self.seeds.for_rows(self.settings.seed, step, len(rows), self.settings.process_index * len(rows))
         with self.metrics.timer("rollout") as clock:
             batch, turn_metrics = generate(self.actor, rows, self.multi_turn, row_seeds=seeds,
-                                           **sampling_kwargs(self.args, train=True))
+                                           **sampling_kwargs(self.settings.sampling, train=True))
         self.metrics.record(turn_metrics)
         lengths = batch.response_mask.sum(dim=1).float()
         self.metrics.record({
@@ -127,7 +121,7 @@ class RoundBuilder:
         self.metrics.record({**result.metrics(), **episode_reward_metrics(batch, result.valid)})
         device = batch.response_mask.device
         batch.reward_per_function, batch.valid = result.per_function.to(device), result.valid.to(device)
-        if self.args.overlong_buffer_len:
+        if self.settings.overlong_buffer_len:
             self.metrics.record({"reward/overlong_penalty": penalty.mean().item()})
         batch = self.constraint.score(batch, self.metrics)
         if not bool(batch.valid.all()):
@@ -142,26 +136,26 @@ class RoundBuilder:
         dataloader). After `dynamic_sampling_max_rounds` extra rounds the round is completed with dropped
         groups (equal rewards: advantage 0), counted in `dynamic_sampling/filler_groups`, instead of failing.
         """
-        args = self.args
-        if not args.dynamic_sampling:
+        s = self.settings
+        if not s.dynamic_sampling:
             return batch
         kept, dropped = self._split(batch)
         self.metrics.record({"dynamic_sampling/informative_frac": _num_groups(kept) / max(_num_groups(batch), 1)})
         extra_rounds = 0
-        while extra_rounds < args.dynamic_sampling_max_rounds and self._any_process_short(kept):
+        while extra_rounds < s.dynamic_sampling_max_rounds and self._any_process_short(kept):
             more = self.score(self.sample(self._refill_rows(micro_step), step))
             more, more_dropped = self._split(more)
             kept, dropped = self._concat([kept, more]), self._concat([dropped, more_dropped])
             extra_rounds += 1
         self.metrics.record({"dynamic_sampling/extra_rounds": extra_rounds})
-        missing = args.prompts_per_round - _num_groups(kept)
+        missing = s.prompts_per_round - _num_groups(kept)
         if missing > 0:
             self.metrics.record({"dynamic_sampling/filler_groups": missing})
             kept = self._concat([kept, _first_groups(dropped, missing)])
-        kept = _first_groups(kept, args.prompts_per_round)
-        if len(kept) != args.rollout_generation_batch_size:
+        kept = _first_groups(kept, s.prompts_per_round)
+        if len(kept) != s.rollout_generation_batch_size:
             raise RuntimeError(f"dynamic sampling built a round of {len(kept)} rows, expected "
-                               f"{args.rollout_generation_batch_size}; please report this.")
+                               f"{s.rollout_generation_batch_size}; please report this.")
         return kept
 
     def _any_process_short(self, kept: RolloutBatch | None) -> bool:
@@ -169,10 +163,10 @@ class RoundBuilder:
         tensor-parallel vLLM, the HF engine on ZeRO-3 partitions), or a sharded reward or cost model, every
         process refills as long as any process is short, so that all call them equally often (a full process's
         extra groups are trimmed away)."""
-        short = _num_groups(kept) < self.args.prompts_per_round
+        short = _num_groups(kept) < self.settings.prompts_per_round
         if not (getattr(self.actor.engine, "calls_are_collective", False) or self._scoring_is_collective()):
             return short
-        device = self.args.device if self.args.world_size > 1 else "cpu"
+        device = self.settings.device if self.settings.world_size > 1 else "cpu"
         return bool(self.reduce_sum(torch.tensor([float(short)], device=device)).item() > 0)
 
     def _scoring_is_collective(self) -> bool:
@@ -183,12 +177,12 @@ class RoundBuilder:
                    and is_sharded(f.model) for f in funcs)
 
     def _split(self, batch: RolloutBatch):
-        return split_informative(batch, self.constraint, self.args.singleton_group_advantage == "score")
+        return split_informative(batch, self.constraint, self.settings.singleton_group_advantage == "score")
 
     def _refill_rows(self, micro_step: int) -> list[dict]:
         """The next prompts of an independent shuffled stream over the train set (one per process)."""
-        seed = self.args.seed + 7919 * (self.args.process_index + 1) + micro_step
-        taken = self.refill.take(self.args.prompts_per_round, len(self.train_dataset), seed)
+        seed = self.settings.seed + 7919 * (self.settings.process_index + 1) + micro_step
+        taken = self.refill.take(self.settings.prompts_per_round, len(self.train_dataset), seed)
         return [self.train_dataset[i] for i in taken]
 
     def _concat(self, batches: list[RolloutBatch | None]) -> RolloutBatch | None:
@@ -213,7 +207,7 @@ class RoundBuilder:
                 for i, (ids, m) in enumerate(zip(firsts.prompt_ids, firsts.prompt_mask))]
         with self.metrics.timer("baseline"):
             greedy, _ = generate(self.actor, rows, self.multi_turn, **{
-                **sampling_kwargs(self.args, train=True), "num_return_sequences": 1, "do_sample": False,
+                **sampling_kwargs(self.settings.sampling, train=True), "num_return_sequences": 1, "do_sample": False,
                 "return_routes": False})
             baseline = with_turn_rewards(self.rewards.rewards(greedy)[0], greedy)
         position = {g: k for k, g in enumerate(firsts.group_ids.tolist())}
@@ -224,38 +218,38 @@ class RoundBuilder:
     def add_reference_logprobs(self, batch: RolloutBatch) -> RolloutBatch:
         if self.ref_policy is not None:
             with self.metrics.timer("ref_logprobs"), self.precision():
-                batch.ref_logprobs = self.ref_policy.get_logprobs(batch, self.args.per_device_train_batch_size)
+                batch.ref_logprobs = self.ref_policy.get_logprobs(batch, self.settings.per_device_train_batch_size)
         return batch
 
     def add_old_logprobs(self, batch: RolloutBatch) -> RolloutBatch:
         """Behaviour-policy log-probs. One update per round is on-policy: the micro-steps reuse the live
         log-probs (detached) instead of paying an extra forward pass; several updates, or KL in the reward,
         need them stored."""
-        args = self.args
-        updates_per_round = args.micro_steps_per_round // args.gradient_accumulation_steps
-        if updates_per_round > 1 or (args.use_kl_in_reward and batch.ref_logprobs is not None):
+        s = self.settings
+        updates_per_round = s.micro_steps_per_round // s.gradient_accumulation_steps
+        if updates_per_round > 1 or (s.use_kl_in_reward and batch.ref_logprobs is not None):
             with self.metrics.timer("old_logprobs"), self.precision():
-                batch.old_logprobs = self.actor.get_logprobs(batch, args.per_device_train_batch_size)
+                batch.old_logprobs = self.actor.get_logprobs(batch, s.per_device_train_batch_size)
             self.metrics.record(self.actor.routing_metrics())  # this pass's replay agreement, if replayed
         return batch
 
     def add_values(self, batch: RolloutBatch) -> RolloutBatch:
         if self.critic is not None:
             with self.metrics.timer("values"):
-                batch.values = self.critic.compute_values(batch, self.args.per_device_train_batch_size)
-                batch = self.constraint.add_values(batch, self.args.per_device_train_batch_size)
+                batch.values = self.critic.compute_values(batch, self.settings.per_device_train_batch_size)
+                batch = self.constraint.add_values(batch, self.settings.per_device_train_batch_size)
         return batch
 
     def compute_advantages(self, batch: RolloutBatch, step: int):
         """(batch with token_level_rewards, advantages, returns; the KL measured in the reward or None)."""
-        args, kl_in_reward = self.args, None
+        s, kl_in_reward = self.settings, None
         with self.metrics.timer("advantage"):
             mask = batch.response_mask.float()
             token_rewards = place_outcome_rewards(batch.rewards, mask)
             if batch.turn_rewards is not None:  # an environment's per-turn rewards, on each turn's last token
                 token_rewards = token_rewards + batch.turn_rewards.to(token_rewards)
-            if args.use_kl_in_reward and batch.ref_logprobs is not None:
-                kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, args.kl_kind) * mask
+            if s.use_kl_in_reward and batch.ref_logprobs is not None:
+                kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, s.kl_kind) * mask
                 token_rewards = token_rewards - self.kl_controller.value * kl
                 self.metrics.record({"kl/in_reward": masked_mean(kl, mask).item(), "kl/coef": self.kl_controller.value})
                 kl_in_reward = (float((kl * mask).sum()), float(mask.sum()), float(len(batch)))
@@ -271,12 +265,12 @@ class RoundBuilder:
 
     def estimate(self, batch: RolloutBatch, token_rewards: torch.Tensor, values) -> tuple:
         """(advantages, returns) of the configured estimator for these per-token rewards."""
-        args = self.args
+        s = self.settings
         return self.advantage(
             token_level_rewards=token_rewards, response_mask=batch.response_mask.float(),
             group_ids=advantage_groups(batch), values=values, reward_baselines=batch.reward_baselines,
-            gamma=args.gamma, lam=args.lam, norm_by_std=args.norm_adv_by_std_in_grpo,
-            singleton_advantage=args.singleton_group_advantage)
+            gamma=s.gamma, lam=s.lam, norm_by_std=s.norm_adv_by_std_in_grpo,
+            singleton_advantage=s.singleton_group_advantage)
 
     def plan_micro_batches(self, batch: RolloutBatch) -> list[RolloutBatch]:
         """Cut the round into micro-batches, each carrying its optimizer step's `LossNorm`, so that the
@@ -287,24 +281,24 @@ class RoundBuilder:
         The sequence count, pooled the same way, leaves out rows with no response token left (unscored rows), as
         verl does, unless `seq_mean_count_empty_rows`.
         """
-        args = self.args
-        steps = batch.split(args.per_device_train_batch_size * args.gradient_accumulation_steps)
-        counts = torch.tensor([[float(s.response_mask.sum()), float(self._sequences(s))] for s in steps],
-                              device=args.device)
-        if args.world_size > 1:
+        s = self.settings
+        steps = batch.split(s.per_device_train_batch_size * s.gradient_accumulation_steps)
+        counts = torch.tensor([[float(part.response_mask.sum()), float(self._sequences(part))] for part in steps],
+                              device=s.device)
+        if s.world_size > 1:
             counts = self.reduce_sum(counts)
         # An empty step counts 1 (loss 0, never 0/0), clamped before the division by the number of processes.
-        counts = counts.clamp(min=1) / args.world_size
+        counts = counts.clamp(min=1) / s.world_size
         micro = []
         for step_batch, (step_tokens, step_seqs) in zip(steps, counts.tolist()):
-            norm = LossNorm(args.loss_agg_mode, num_tokens=step_tokens, num_seqs=step_seqs,
-                            constant=args.max_response_length, count_empty_rows=args.seq_mean_count_empty_rows)
+            norm = LossNorm(s.loss_agg_mode, num_tokens=step_tokens, num_seqs=step_seqs,
+                            constant=s.max_response_length, count_empty_rows=s.seq_mean_count_empty_rows)
             micro += [replace(mb.without_padding(), loss_norm=norm)
-                      for mb in by_length(step_batch).split(args.per_device_train_batch_size)]
-        return micro * args.ppo_epochs
+                      for mb in by_length(step_batch).split(s.per_device_train_batch_size)]
+        return micro * s.ppo_epochs
 
     def _sequences(self, step_batch: RolloutBatch) -> int:
-        if self.args.seq_mean_count_empty_rows:
+        if self.settings.seq_mean_count_empty_rows:
             return len(step_batch)
         return int(step_batch.response_mask.any(dim=1).sum())
 
@@ -327,12 +321,6 @@ def episode_reward_metrics(batch: RolloutBatch, valid: torch.Tensor) -> dict[str
     episode, turns = with_turn_rewards(batch.rewards, batch)[valid], batch.turn_rewards.sum(dim=1)[valid.cpu()]
     return {"reward/mean": episode.mean().item(), "reward/std": episode.std(unbiased=False).item(),
             "reward/turns/mean": turns.mean().item()}
-
-
-def with_turn_rewards(rewards: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:
-    """(B,) each row's whole reward as the estimators see it: `rewards` plus, in multi-turn rows, the sum of
-    the environment's per-turn rewards."""
-    return rewards if batch.turn_rewards is None else rewards + batch.turn_rewards.sum(dim=1).to(rewards)
 
 
 def split_informative(batch: RolloutBatch, constraint, singleton_informs: bool = False):

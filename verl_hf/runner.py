@@ -59,30 +59,40 @@ def load_policy_path(name: str) -> str:
 
 def load_splits(script: ScriptArguments):
     """(train, eval or None) datasets."""
-    if script.dataset_name == "verl_hf:addition":
-        from .demo.task import demo_splits
-
-        train, _, test = demo_splits(seed=0)
-        return train.remove_columns("completion"), test.remove_columns("completion")
-    if script.dataset_name == "verl_hf:multiplication":
-        from .demo.tools_task import tools_splits
-
-        train, _, test = tools_splits(seed=0)
-        return train, test
-    if not script.dataset_name or ":" in script.dataset_name.split("/")[0] and not os.path.exists(script.dataset_name):
-        raise ValueError(f"dataset_name={script.dataset_name!r}: use 'verl_hf:addition', 'verl_hf:multiplication' "
-                         f"or a datasets name/path.")
-    from datasets import load_dataset, load_from_disk
-
-    if os.path.isdir(script.dataset_name) and os.path.exists(os.path.join(script.dataset_name, "dataset_dict.json")):
-        data = load_from_disk(script.dataset_name)
-    else:
-        data = load_dataset(script.dataset_name, script.dataset_config)
+    data = _dataset_splits(script)
     for split in (script.dataset_train_split, script.dataset_test_split):
         if split is not None and split not in data:
             raise ValueError(f"dataset {script.dataset_name!r} has splits {list(data)}, not {split!r}.")
     test = data[script.dataset_test_split] if script.dataset_test_split else None
     return data[script.dataset_train_split], test
+
+
+def _dataset_splits(script: ScriptArguments) -> dict:
+    """The dataset's splits by name: the demos' synthetic tasks (train, dev, test), a saved DatasetDict, or
+    `datasets.load_dataset`; a local path that does not exist is said as such (offline, `load_dataset` would
+    answer with a ConnectionError)."""
+    from .trainer_setup import _looks_local
+
+    name = script.dataset_name
+    if name == "verl_hf:addition":
+        from .demo.task import demo_splits
+
+        return dict(zip(("train", "dev", "test"), (d.remove_columns("completion") for d in demo_splits(seed=0))))
+    if name == "verl_hf:multiplication":
+        from .demo.tools_task import tools_splits
+
+        return dict(zip(("train", "dev", "test"), tools_splits(seed=0)))
+    if not name or ":" in name.split("/")[0] and not os.path.exists(name):
+        raise ValueError(f"dataset_name={name!r}: use 'verl_hf:addition', 'verl_hf:multiplication' "
+                         f"or a datasets name/path.")
+    if _looks_local(name) and not os.path.exists(name):
+        raise FileNotFoundError(f"dataset_name={name!r}: no such file or directory (a local path; a Hub dataset "
+                                f"is named 'org/name').")
+    from datasets import load_dataset, load_from_disk
+
+    if os.path.isdir(name) and os.path.exists(os.path.join(name, "dataset_dict.json")):
+        return load_from_disk(name)
+    return load_dataset(name, script.dataset_config)
 
 
 def run_training(script: ScriptArguments, config) -> dict:

@@ -16,12 +16,14 @@ import json
 import math
 import os
 from collections import deque
+from dataclasses import dataclass
 
 import torch
 
 from .algorithms import group_all_equal, lagrange_multiplier_step, lagrangian_advantages, masked_mean
 from .algorithms import place_outcome_rewards, unsafe_rate
 from .rewards import score_completions
+from .settings import Settings
 
 SAFETY_FILE = "safety.json"
 COST_CRITIC_DIR = "cost_critic"
@@ -62,16 +64,29 @@ class NoConstraint:
         return None
 
 
+@dataclass(frozen=True)
+class SafetySettings(Settings):
+    cost_limit: float
+    lambda_init: float
+    lambda_lr: float
+    lambda_max: float | None
+    lambda_update_delay_steps: int
+    episode_cost_window_size: int
+    safety_filter_threshold: float | None
+    reward_timeout_s: float | None
+    world_size: int
+
+
 class SafetyConstraint:
     """Holds: log(lambda), the window of the latest episode costs (every process's), the cost functions and,
     under PPO, the cost critic. It answers at the same fixed points as NoConstraint."""
 
     enabled = True
 
-    def __init__(self, cost_funcs: list, args, cost_critic=None):
-        self.cost_funcs, self.args, self.cost_critic = cost_funcs, args, cost_critic
-        self.log_lambda = math.log(args.lambda_init)
-        self.window: deque[float] = deque(maxlen=args.episode_cost_window_size)
+    def __init__(self, cost_funcs: list, settings: SafetySettings, cost_critic=None):
+        self.cost_funcs, self.settings, self.cost_critic = cost_funcs, settings, cost_critic
+        self.log_lambda = math.log(settings.lambda_init)
+        self.window: deque[float] = deque(maxlen=settings.episode_cost_window_size)
 
     @property
     def lagrange_lambda(self) -> float:
@@ -82,7 +97,7 @@ class SafetyConstraint:
         that raises always stops training (reward_on_error does not apply): a failed check must not read as safe."""
         result = score_completions(self.cost_funcs, None, prompts=prompts, completions=completions,
                                    completion_ids=completion_ids, columns=columns, on_error="raise",
-                                   require_scored=False, timeout_s=self.args.reward_timeout_s)
+                                   require_scored=False, timeout_s=self.settings.reward_timeout_s)
         costs = torch.nan_to_num(result.rewards, nan=0.0)
         metrics = {"cost/mean": costs.mean().item(), "cost/unsafe_rate": unsafe_rate(costs)}
         metrics.update({k.replace("reward/", "cost/", 1): v for k, v in result.metrics().items()
@@ -97,8 +112,8 @@ class SafetyConstraint:
             costs, cost_metrics = self.costs(batch.prompts, batch.completions, batch.completion_ids(), batch.columns)
         batch.costs = costs.to(batch.response_mask.device)
         metrics.record(cost_metrics)
-        if self.args.safety_filter_threshold is not None:
-            keep = batch.costs <= self.args.safety_filter_threshold
+        if self.settings.safety_filter_threshold is not None:
+            keep = batch.costs <= self.settings.safety_filter_threshold
             batch.valid = batch.valid & keep
             metrics.record({"safety/filtered_frac": 1.0 - keep.float().mean().item()})
         return batch
@@ -116,7 +131,7 @@ class SafetyConstraint:
         """Once per round, on the round that trains (after dynamic sampling): every process adds every process's
         costs to its window, so lambda agrees everywhere without being sent; then one multiplier step."""
         everyone = batch.costs.tolist()
-        if self.args.world_size > 1:
+        if self.settings.world_size > 1:
             from accelerate.utils import gather_object
 
             everyone = gather_object(everyone)
@@ -153,9 +168,9 @@ class SafetyConstraint:
     def update_lambda(self, step: int) -> dict[str, float]:
         """One multiplier step on the windowed mean episode cost (after `lambda_update_delay_steps`)."""
         episode_cost = sum(self.window) / max(len(self.window), 1)
-        if step >= self.args.lambda_update_delay_steps and self.window:
-            self.log_lambda = lagrange_multiplier_step(self.log_lambda, episode_cost, self.args.cost_limit,
-                                                       self.args.lambda_lr, self.args.lambda_max)
+        if step >= self.settings.lambda_update_delay_steps and self.window:
+            self.log_lambda = lagrange_multiplier_step(self.log_lambda, episode_cost, self.settings.cost_limit,
+                                                       self.settings.lambda_lr, self.settings.lambda_max)
         return {"safety/lambda": self.lagrange_lambda, "safety/episode_cost": episode_cost}
 
     def state_dict(self) -> dict:
@@ -163,7 +178,7 @@ class SafetyConstraint:
 
     def load_state_dict(self, state: dict) -> None:
         self.log_lambda = state["log_lambda"]
-        self.window = deque(state["window"], maxlen=self.args.episode_cost_window_size)
+        self.window = deque(state["window"], maxlen=self.settings.episode_cost_window_size)
 
     def save(self, output_dir: str, main_process: bool) -> None:
         if main_process:

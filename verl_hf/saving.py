@@ -143,6 +143,24 @@ def check_loadable(folder: str) -> None:
                          f"when it was saved; {hint} (resume_from_checkpoint=<path>), or delete the folder.")
 
 
+def is_final_model(output_dir: str) -> bool:
+    """A save_model into a folder that is not a checkpoint-<step> folder: the run's final model."""
+    return _CHECKPOINT.match(os.path.basename(os.path.normpath(output_dir))) is None
+
+
+def save_gathered_fsdp_weights(trainer, output_dir: str) -> None:
+    """The Trainer writes FSDP's sharded state into checkpoints only, and no weights at all into a final
+    save_model; the final model is a normal HF checkpoint, gathered by every process (a collective), written by
+    the main one. A PEFT model gathers its adapter only: the frozen base stays sharded."""
+    from .distributed import full_state_dicts
+
+    if not trainer.is_fsdp_enabled or "FULL" in str(trainer.accelerator.state.fsdp_plugin.state_dict_type):
+        return
+    state_dict, _ = full_state_dicts(trainer.model, trainable_only=hasattr(trainer.model, "peft_config"))
+    if trainer.args.should_save:
+        trainer._save(output_dir, state_dict=state_dict)
+
+
 def save_atomically(trainer, save, model, trial) -> None:
     """The Trainer's `_save_checkpoint` (`save`) into the staging folder (every process), then, on the process
     that saves, the marker and the rename into place, and the rotation of old checkpoints. A failed write

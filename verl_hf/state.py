@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -97,15 +97,20 @@ class KLMeter:
         seen = self.pending or [0.0, 0.0, float(samples)]
         self.pending = [seen[0] + kl_sum, seen[1] + tokens, seen[2]]
 
-    def update_controller(self, controller, kind: str, reduce) -> None:
-        """One controller step from the pending KL, summed over processes by `reduce` (so every rank keeps the
-        same coefficient); the meter starts over. Adaptive control counts samples (Ziegler et al.); PID takes one
-        update as its time step."""
+    def update_controller(self, controller, kind: str, reduce_sum, device) -> None:
+        """One controller step from the pending KL, summed over processes by `reduce_sum` (a tensor on `device`,
+        so every rank keeps the same coefficient); the meter starts over. Adaptive control counts samples
+        (Ziegler et al.); PID takes one update as its time step."""
         seen, self.pending = self.pending, None
         if seen is None or kind == "fixed":
             return
-        kl_sum, tokens, samples = reduce(seen)
+        kl_sum, tokens, samples = reduce_sum(torch.tensor(seen, device=device)).tolist()
         controller.update(kl_sum / max(tokens, 1.0), 1 if kind == "pid" else int(samples))
+
+    def observe_reward_kl(self, kl_in_reward: tuple[float, float, float] | None) -> None:
+        """A round's KL in the reward (use_kl_in_reward), measured once when it is planned; None: not there."""
+        if kl_in_reward is not None:
+            self.observe(*kl_in_reward)
 
     def reset(self) -> None:
         self.pending = None
@@ -129,6 +134,13 @@ class RoundInProgress:
     last_round: object = None
     size: int | None = None
     needs_position: bool = False
+
+    def start(self, planned) -> None:
+        """The planned round (round.PlannedRound) becomes the one trained. It is kept for callbacks without its
+        MoE routes: only the micro-batches replay them, so the routes (rows x tokens x layers x k) are held, and
+        checkpointed, once."""
+        self.micro_batches, self.size = planned.micro_batches, len(planned.batch)
+        self.last_round = replace(planned.batch, prompt_routes=None, response_routes=None)
 
     def starts_new(self, micro_steps_per_round: int) -> bool:
         return self.micro_step % micro_steps_per_round == 0 or not self.micro_batches

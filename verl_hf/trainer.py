@@ -13,33 +13,32 @@ See it work: tests/test_trainer_e2e.py, tests/test_algorithms_e2e.py, examples/s
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
-import re
 import time
 
 import torch
-from transformers import Trainer, TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, speed_metrics
+from transformers import Trainer
+from transformers.trainer_utils import speed_metrics
 
 from . import publish, saving
 from . import trainer_setup as setup
-from .checkpoint import RLCheckpoint
+from .checkpoint import CheckpointSettings, RLCheckpoint
 from .config import fsdp_version_wanted
-from .data import RoundBatchSampler, RoundDataLoader, keep_rows, prepare_datasets, prepare_prompts, prompt_options
-from .distributed import (actor_already_prepared, fsdp_version, full_state_dicts, install_cpu_fsdp, is_sharded,
-                          shard_actor, zero_stage)
-from .evaluation import evaluate_rewards
+from .data import keep_rows, prepare_datasets, round_dataloader
+from .distributed import actor_already_prepared, install_cpu_fsdp, is_sharded, shard_actor, sum_over_processes
+from .evaluation import as_eval_prompts, evaluate_rewards
 from .nonfinite import NonFiniteGuard, check_finite_loss, check_finite_weights
-from .roles import Actor
+from .placement import Placement
+from .roles import Actor, EngineWeightsChanged
 from .roles.dropout import original_rates_restored
 from .rollout import make_rollout_engine
-from .round import RewardStage, RoundBuilder
+from .round import RoundBuilder, RoundSettings
 from .routing import moe_routers
 from .safety import NoConstraint
+from .sample_and_score import RewardSettings, RewardStage
 from .state import KLMeter, MetricBuffer, RoundInProgress, token_weighted
 from .sync import WeightSync
-from .update import PolicyUpdate, entropy_needed
+from .update import PolicyUpdate, UpdateSettings, entropy_needed
 
 
 class VerlTrainer(Trainer):
@@ -63,9 +62,9 @@ class VerlTrainer(Trainer):
         processing_class / tokenizer: the tokenizer; default loaded from the model's path.
         peft_config: a `peft` config; the actor becomes a PEFT model.
 
-    The parts, public for callbacks, tests and custom loops: `actor`, `ref_policy`, `critic`, `constraint`
-    (Safe-RLHF, or a `NoConstraint`), `kl_ctrl`, `rewards`, `round_builder`, `policy_update`, and the state
-    `metrics`, `kl_meter`, `round_in_progress`, saved by `rl_checkpoint`.
+    The parts, public for callbacks, tests and custom loops: `placement` (where the models live), `actor`,
+    `ref_policy`, `critic`, `constraint` (Safe-RLHF, or a `NoConstraint`), `kl_ctrl`, `rewards`, `round_builder`,
+    `policy_update`, and the state `metrics`, `kl_meter`, `round_in_progress`, saved by `rl_checkpoint`.
     """
 
     _callbacks_bound = False  # callbacks added after __init__ are bound at once
@@ -77,11 +76,10 @@ class VerlTrainer(Trainer):
                  processing_class=None, *, actor=None, ref_policy=None, critic=None, reward_funcs=None,
                  reward_model=None, tokenizer=None, callbacks=None, peft_config=None, optimizers=(None, None),
                  tools=None, environment=None, **trainer_kwargs):
-        model = setup.one_of_aliases("model", model, "actor", actor)
-        if model is None:
-            raise ValueError("VerlTrainer needs a policy: model='<id or path>' or a PreTrainedModel (or actor=...).")
+        setup.check_trainer_hooks()
+        model = setup.given_policy(model, actor)
         args = setup.as_verl_config(args, model)
-        setup.check_model_paths(model, args)
+        setup.check_model_paths(model, args, ref_policy, critic)
         # Cheap checks first: rewards, tokenizer and data fail here, before any model is loaded.
         self.reward_funcs, self.reward_weights = setup.resolve_rewards(args, reward_funcs, reward_model, environment)
         tokenizer = setup.load_tokenizer(
@@ -95,19 +93,21 @@ class VerlTrainer(Trainer):
             processing_class=tokenizer, callbacks=callbacks, optimizers=optimizers, **trainer_kwargs,
         )
         setup.check_vocabulary(tokenizer, self.model, self.train_dataset)
+        self.placement = placement = Placement.of(self.accelerator, args.device)  # one process/DDP/ZeRO/FSDP2
         self.model = self.model_wrapped = shard_actor(self.accelerator, self.model)  # FSDP2: sharded from the start
+        self._reduce_sum = sum_over_processes(self.accelerator)
         if args.routing_replay:
             moe_routers(self.model)  # not an MoE model, or unknown routers: said before any engine starts
-        engine = make_rollout_engine(self.model, tokenizer, args, zero_stage=zero_stage(self.accelerator),
-                                     fsdp2=fsdp_version(self.accelerator) == 2)
+        engine = make_rollout_engine(self.model, tokenizer, args, placement)
         self.actor = Actor(self.model, tokenizer, engine=engine, temperature=args.temperature,
-                           weight_sync=WeightSync.from_config(args, engine), logits_chunk_size=args.logits_chunk_size,
+                           weight_sync=WeightSync.for_engine(engine, bucket_mb=args.sync_bucket_mb, verify=args.sync_verify),
+                           logits_chunk_size=args.logits_chunk_size,
                            routing_replay=args.routing_replay)
-        self.add_callback(_EngineWeightsChanged(self.actor))
-        setup.place_reward_models(self, self.reward_funcs)
-        self.ref_policy = setup.make_reference(self, ref_policy, args) if args.kl_coef > 0 else None
-        self.critic = setup.make_critic(setup.reward_critic_start(critic, args), model, args, trainer=self)
-        self.constraint = setup.make_safety(self, model, args) or NoConstraint()  # Safe-RLHF: costs, lambda
+        self.add_callback(EngineWeightsChanged(self.actor))
+        setup.place_reward_models(placement, self.reward_funcs)
+        self.ref_policy = setup.make_reference(placement, self.model, ref_policy, args) if args.kl_coef > 0 else None
+        self.critic = setup.make_critic(setup.reward_critic_start(critic, args), model, args, placement)
+        self.constraint = setup.make_safety(placement, model, args) or NoConstraint()  # Safe-RLHF: costs, lambda
         self.kl_ctrl = setup.make_kl_ctrl(args)
         self._build_rl_parts()
         for callback in self.callback_handler.callbacks:
@@ -130,13 +130,13 @@ class VerlTrainer(Trainer):
         """The round builder, the update and the named state between steps, and the checkpoint that saves it."""
         args = self.args
         self.metrics, self.kl_meter, self.round_in_progress = MetricBuffer(), KLMeter(), RoundInProgress()
-        self.rewards = RewardStage(self.reward_funcs, self.reward_weights, args)
+        self.rewards = RewardStage(self.reward_funcs, self.reward_weights, RewardSettings.of(args))
         self.round_builder = RoundBuilder(
-            args, self.actor, self.rewards, ref_policy=self.ref_policy, critic=self.critic,
+            RoundSettings.of(args), self.actor, self.rewards, ref_policy=self.ref_policy, critic=self.critic,
             constraint=self.constraint, kl_controller=self.kl_ctrl, metrics=self.metrics,
             train_dataset=self.train_dataset, reduce_sum=self._reduce_sum, precision=self.accelerator.autocast,
             multi_turn=self.multi_turn)
-        self.policy_update = PolicyUpdate(args, self.kl_ctrl)
+        self.policy_update = PolicyUpdate(UpdateSettings.of(args), self.kl_ctrl)
         self.critics = [(self.critic, "values", "returns", "critic")] if self.critic is not None else []
         self.critics += self.constraint.critics()
         self._num_params = sum(p.numel() for p in self.model.parameters())  # for floating_point_ops
@@ -144,7 +144,7 @@ class VerlTrainer(Trainer):
         per_process = {"round": self.round_in_progress, "refill": self.round_builder.refill,
                        "seeds": self.round_builder.seeds, "metrics": self.metrics, "kl_meter": self.kl_meter,
                        "nonfinite": self.nonfinite}
-        self.rl_checkpoint = RLCheckpoint(args, per_process=per_process, critic=self.critic,
+        self.rl_checkpoint = RLCheckpoint(CheckpointSettings.of(args), per_process=per_process, critic=self.critic,
                                           constraint=self.constraint, kl_controller=self.kl_ctrl,
                                           ref_policy=self.ref_policy, reduce_sum=self._reduce_sum)
 
@@ -191,22 +191,14 @@ class VerlTrainer(Trainer):
         args, progress = self.args, self.round_in_progress
         progress.place(self.state.global_step, args.gradient_accumulation_steps, args.micro_steps_per_round)
         if progress.starts_new(args.micro_steps_per_round):
-            self.kl_meter.update_controller(self.kl_ctrl, args.kl_controller, self._pooled_sums)  # 0. KL control
+            self.kl_meter.update_controller(self.kl_ctrl, args.kl_controller, self._reduce_sum, args.device)  # 0
             self._sync_engine_weights()                                         # 0b. weights into the engine
             planned = self.round_builder.build(inputs, self.state.global_step, progress.micro_step)  # 1-4. round
-            self._start_round(planned)                                          # 4b. the round to train on
-            self.actor.engine.sleep()                                           # 4c. vLLM sleep mode: memory
+            progress.start(planned)                                             # 4b. the round to train on
+            self.kl_meter.observe_reward_kl(planned.kl_in_reward)               # 4c. KL in the reward (control)
+            self.actor.engine.sleep()                                           # 4d. vLLM sleep mode: memory
         micro_batch = progress.take_next(args.micro_steps_per_round)
         return self._update(model, micro_batch)                                 # 5. losses and backward
-
-    def _start_round(self, planned) -> None:
-        progress = self.round_in_progress
-        # The round kept for callbacks without its MoE routes: only the micro-batches replay them, so the
-        # routes (rows x tokens x layers x k) are held, and checkpointed, once.
-        last_round = dataclasses.replace(planned.batch, prompt_routes=None, response_routes=None)
-        progress.micro_batches, progress.last_round, progress.size = planned.micro_batches, last_round, len(planned.batch)
-        if planned.kl_in_reward is not None:
-            self.kl_meter.observe(*planned.kl_in_reward)
 
     def _sync_engine_weights(self) -> None:
         """Only for an engine with its own weights (verl_hf.sync), and only after the weights changed."""
@@ -260,23 +252,11 @@ class VerlTrainer(Trainer):
             self.metrics.record(self.nonfinite.metrics())
         return grad_norm
 
-    def _reduce_sum(self, values: torch.Tensor) -> torch.Tensor:
-        return self.accelerator.reduce(values, reduction="sum") if self.args.world_size > 1 else values
-
-    def _pooled_sums(self, values: list[float]) -> list[float]:
-        return self._reduce_sum(torch.tensor(values, device=self.args.device)).tolist()
-
     # ------------------------------------------------------------------ data
     def get_train_dataloader(self):
         if self.train_dataset is None:
             raise ValueError("VerlTrainer: training requires a train_dataset with a 'prompt' column.")
-        args = self.args
-        sampler = RoundBatchSampler(
-            len(self.train_dataset), args.prompts_per_round, args.micro_steps_per_round,
-            num_processes=args.world_size, process_index=args.process_index, seed=args.data_seed or args.seed,
-        )
-        return RoundDataLoader(self.train_dataset, batch_sampler=sampler, collate_fn=self.data_collator,
-                               num_workers=args.dataloader_num_workers)
+        return round_dataloader(self.train_dataset, self.args, self.data_collator)
 
     def floating_point_ops(self, inputs) -> int:
         """Training FLOPs of the micro-step just run (6 x parameters x tokens), for `total_flos`."""
@@ -294,9 +274,7 @@ class VerlTrainer(Trainer):
             for name, part in dataset.items():
                 metrics.update(self.evaluate(part, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
-        if "prompt_ids" not in dataset.column_names:
-            dataset = prepare_prompts(dataset, self.processing_class, self.args.data_key_map,
-                                      self.args.max_prompt_length, metric_key_prefix, **prompt_options(self.multi_turn))
+        dataset = as_eval_prompts(dataset, self.processing_class, self.args, metric_key_prefix, self.multi_turn)
         started = time.time()
         self._sync_engine_weights()
         metrics = evaluate_rewards(self.actor, self.rewards, self.constraint, dataset, self.args, metric_key_prefix,
@@ -326,14 +304,9 @@ class VerlTrainer(Trainer):
         check_finite_weights({"policy": self.model, **{prefix: c.model for c, _, _, prefix in self.critics}},
                              pooled, self.args.device, output_dir or self.args.output_dir)
         output_dir = output_dir or self.args.output_dir
-        final = re.fullmatch(rf"{PREFIX_CHECKPOINT_DIR}-\d+", os.path.basename(os.path.normpath(output_dir))) is None
-        if final and self.is_fsdp_enabled and "FULL" not in str(self.accelerator.state.fsdp_plugin.state_dict_type):
-            # The Trainer writes FSDP's sharded state into checkpoints only, and no weights at all here; the final
-            # model is a normal HF checkpoint, gathered by every process (a collective), written by the main one.
-            # A PEFT model gathers its adapter only: the frozen base stays sharded.
-            state_dict, _ = full_state_dicts(self.model, trainable_only=hasattr(self.model, "peft_config"))
-            if self.args.should_save:
-                self._save(output_dir, state_dict=state_dict)
+        final = saving.is_final_model(output_dir)
+        if final:
+            saving.save_gathered_fsdp_weights(self, output_dir)  # FSDP's sharded state dict: gathered first
         super().save_model(output_dir, _internal_call)
         if not self.args.should_save:
             return
@@ -351,11 +324,8 @@ class VerlTrainer(Trainer):
 
     def create_model_card(self, model_name: str | None = None, **kwargs) -> None:
         """README.md for the Hub: algorithm, base model, data, a reward table and how to load the actor."""
-        if not self.is_world_process_zero():
-            return
-        repo_id = self.hub_model_id or model_name or os.path.basename(os.path.normpath(self.args.output_dir))
-        with open(os.path.join(self.args.output_dir, "README.md"), "w") as f:
-            f.write(publish.model_card(publish.run_info(self), repo_id))
+        if self.is_world_process_zero():
+            publish.write_model_card(self, self.hub_model_id or model_name)
 
     def _save_checkpoint(self, model, trial) -> None:
         saving.save_atomically(self, super()._save_checkpoint, model, trial)
@@ -377,15 +347,3 @@ def _bind(callback, trainer) -> None:
     """Callbacks that need the trainer (its last round, reference, checkpoints) define `bind(trainer)`."""
     if hasattr(callback, "bind"):
         callback.bind(trainer)
-
-
-class _EngineWeightsChanged(TrainerCallback):
-    """Every optimizer step changes the weights: the actor's engine copy (if any) is stale until the next sync,
-    also for generation that does not go through training_step (evaluation, a user's callback)."""
-
-    def __init__(self, actor: Actor):
-        self.actor = actor
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.actor.mark_weights_changed()
-

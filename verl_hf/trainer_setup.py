@@ -15,12 +15,55 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, TrainingArguments
 
 from .algorithms import advantage_spec
-from .config import VerlConfig, fields_set_away
-from .distributed import deepspeed_inference, fsdp_version, is_zero3, sharded_like_actor, zero_stage
+from .config import TrainerInputs, VerlConfig, refuse_fields_that_cannot_apply
+from .distributed import is_zero3
 from .rewards import resolve_reward_funcs
+from .rewards.combine import check_reward_weights
 from .roles import Critic, ReferencePolicy, RewardModel
 
 logger = logging.getLogger(__name__)
+
+
+# The private Trainer methods VerlTrainer overrides or calls, with the parameters it passes: a transformers
+# release that renames one would otherwise skip our override silently (e.g. no NaN check before optimizer steps).
+TRAINER_HOOKS = {
+    "_prepare_for_training": ("max_steps", "train_dataloader", "resume_from_checkpoint"),
+    "_get_grad_norm": ("model", "grad_norm"),
+    "_save": ("output_dir", "state_dict"),
+    "_save_checkpoint": ("model", "trial"),
+    "_get_output_dir": ("trial",),
+    "_save_optimizer_and_scheduler": ("output_dir",),
+    "_load_optimizer_and_scheduler": ("checkpoint",),
+    "_load_from_checkpoint": ("resume_from_checkpoint", "model"),
+    "_push_from_checkpoint": ("checkpoint_folder",),
+}
+
+
+def check_trainer_hooks(trainer_class=None) -> None:
+    """Every private Trainer hook VerlTrainer relies on exists with the parameters it passes."""
+    import inspect
+
+    import transformers
+
+    trainer_class = trainer_class or transformers.Trainer
+    for name, expected in TRAINER_HOOKS.items():
+        method = getattr(trainer_class, name, None)
+        params = list(inspect.signature(method).parameters)[1:] if callable(method) else None
+        if params is None or tuple(params[:len(expected)]) != expected:
+            found = "is gone" if params is None else f"takes {tuple(params)}"
+            raise RuntimeError(f"transformers {transformers.__version__}: Trainer.{name} {found}, but VerlTrainer "
+                               f"overrides or calls it with {expected}; install the transformers range verl_hf "
+                               f"supports (setup.cfg: transformers>=5.3,<5.21).")
+
+
+def given_policy(model, actor):
+    """The policy, given as `model=` or under the seed posts' name `actor=`: an id or path, or a model."""
+    model = one_of_aliases("model", model, "actor", actor)
+    if model is None:
+        raise ValueError("VerlTrainer needs a policy: model='<id or path>' or a PreTrainedModel (or actor=...).")
+    if not isinstance(model, (str, os.PathLike, torch.nn.Module)):
+        raise TypeError(f"model must be an id, a path or a PreTrainedModel, got {type(model).__name__} {model!r}.")
+    return str(model) if isinstance(model, os.PathLike) else model
 
 
 def one_of_aliases(name, value, alias, alias_value):
@@ -44,15 +87,12 @@ def as_verl_config(args, model) -> VerlConfig:
 
 def resolve_rewards(args: VerlConfig, reward_funcs, reward_model, environment=None):
     """(reward functions as (name, fn), their weights). An `environment=` run without any is rewarded by its
-    environment's per-turn rewards alone: it gets `environment_return`, weight 0, as its metric."""
-    specs = list(args.reward_funcs or [])
-    if reward_funcs is not None:
-        specs += list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-    if reward_model is not None:
-        specs.append(as_reward_model(reward_model))
-    for path in args.reward_model_path or []:
-        specs.append(load_score_model(path, args.reward_model_label_index))
-    if not specs and environment is not None:
+    environment's per-turn rewards alone: it gets `environment_return`, weight 0, as its metric. The weights
+    are counted before any reward model loads."""
+    given = [*(args.reward_funcs or []), *(reward_funcs if isinstance(reward_funcs, (list, tuple))
+                                          else [reward_funcs] if reward_funcs is not None else [])]
+    models = ([reward_model] if reward_model is not None else []) + list(args.reward_model_path or [])
+    if not given and not models and environment is not None:
         if args.reward_weights is not None:
             raise ValueError(f"reward_weights={args.reward_weights} weighs no reward function: with environment= "
                              f"alone its turn rewards are the reward (environment_return, weight 0, reports "
@@ -60,18 +100,16 @@ def resolve_rewards(args: VerlConfig, reward_funcs, reward_model, environment=No
         from .agent import environment_return
 
         return resolve_reward_funcs([environment_return]), [0.0]
-    if not specs:
+    if not given and not models:
         raise ValueError("no reward: pass reward_funcs=[...] (callables or names such as 'gsm8k') or reward_model= "
                          "(or environment= whose step() returns rewards).")
-    funcs = resolve_reward_funcs(specs)
-    if args.reward_weights is not None and len(args.reward_weights) != len(funcs):
-        raise ValueError(f"reward_weights has {len(args.reward_weights)} entries for {len(funcs)} reward functions "
-                         f"({[n for n, _ in funcs]}); give one weight per function.")
+    check_reward_weights(args.reward_weights, [s if isinstance(s, str) else getattr(s, "__name__", type(s).__name__)
+                                               for s in given] + ["reward_model"] * len(models))
+    if reward_model is not None:
+        given.append(as_reward_model(reward_model))
+    given += [load_score_model(path, args.reward_model_label_index) for path in args.reward_model_path or []]
+    funcs = resolve_reward_funcs(given)
     return funcs, list(args.reward_weights or [1.0] * len(funcs))
-
-
-MULTI_TURN_FIELDS = ("max_turns", "max_turn_length", "max_tool_calls", "tool_timeout_s", "tool_call_parser",
-                     "env_timeout_s")
 
 
 def make_multi_turn(args: VerlConfig, tools, environment, tokenizer):
@@ -79,17 +117,14 @@ def make_multi_turn(args: VerlConfig, tools, environment, tokenizer):
     rollouts. Everything is checked here, before any model loads: the tools' schemas, the factory, the chat
     template (tool support, extendable turn by turn), and settings that need what the run does not have."""
     specs = [*(args.tools or []), *([tools] if callable(tools) or isinstance(tools, str) else (tools or []))]
+    refuse_fields_that_cannot_apply(args, TrainerInputs(tools=bool(specs), environment=environment is not None))
     if not specs and environment is None:
-        _refuse_multi_turn_fields(args)
         return None
     from .agent import MultiTurnRollout, as_tools, check_extendable, environment_factory, tool_call_parser
 
     if specs and environment is not None:
         raise ValueError("give tools= (or the config's tools) or environment=, not both: an environment that uses "
                          "tools calls them itself.")
-    if environment is not None and fields_set_away(args, ("max_tool_calls", "tool_timeout_s")):
-        raise ValueError("max_tool_calls and tool_timeout_s take effect only with tools=; an environment= enforces "
-                         "its own limits. Leave them at their defaults.")
     if args.routing_replay:
         raise ValueError("routing_replay does not support multi-turn rollouts yet (the environment's tokens have no "
                          "recorded routes); drop one of them.")
@@ -103,20 +138,13 @@ def make_multi_turn(args: VerlConfig, tools, environment, tokenizer):
                             turn_length=args.max_turn_length, max_prompt_tokens=args.max_prompt_length)
 
 
-def _refuse_multi_turn_fields(args: VerlConfig) -> None:
-    for name, value, default in fields_set_away(args, MULTI_TURN_FIELDS):
-        raise ValueError(f"{name}={value!r} takes effect only in multi-turn rollouts: pass tools=[...] or "
-                         f"environment=... to VerlTrainer (or set tools in the config), or leave {name} at its "
-                         f"default ({default!r}).")
-
-
-def make_safety(trainer, policy, args: VerlConfig):
+def make_safety(placement, policy, args: VerlConfig):
     """Safe-RLHF's constraint when costs are configured (else None): cost functions and cost model resolved now,
     the cost critic (estimators with values, PPO) built like the reward critic, the cost model placed like
     reward models."""
     if not args.safe_rl:
         return None
-    from .safety import SafetyConstraint
+    from .safety import SafetyConstraint, SafetySettings
 
     specs = list(args.cost_funcs or [])
     if args.cost_model_path:
@@ -124,10 +152,10 @@ def make_safety(trainer, policy, args: VerlConfig):
         model.__name__ = "cost_model"
         specs.append(model)
     cost_funcs = resolve_reward_funcs(specs)
-    place_reward_models(trainer, cost_funcs)
-    cost_critic = make_critic(cost_critic_start(args), policy, args, trainer=trainer) \
+    place_reward_models(placement, cost_funcs)
+    cost_critic = make_critic(cost_critic_start(args), policy, args, placement) \
         if advantage_spec(args.adv_estimator).needs_values else None
-    return SafetyConstraint(cost_funcs, args, cost_critic)
+    return SafetyConstraint(cost_funcs, SafetySettings.of(args), cost_critic)
 
 
 def reward_critic_start(critic, args: VerlConfig):
@@ -170,10 +198,11 @@ def as_reward_model(reward_model) -> RewardModel:
     return RewardModel(reward_model, tokenizer=AutoTokenizer.from_pretrained(path))
 
 
-def check_model_paths(model, args: VerlConfig) -> None:
+def check_model_paths(model, args: VerlConfig, ref_policy=None, critic=None) -> None:
     """Every model given as a local path exists, said before anything loads (transformers would read a missing
     folder as a Hub id and answer about repo-id syntax). A Hub id `org/name` is left to transformers."""
-    given = {"model": model, "critic_model_path": args.critic_model_path, "cost_model_path": args.cost_model_path,
+    given = {"model": model, "ref_policy": ref_policy, "critic": critic, "critic_model_path": args.critic_model_path,
+             "cost_model_path": args.cost_model_path,
              **{f"reward_model_path[{i}]": p for i, p in enumerate(args.reward_model_path or [])}}
     for name, value in given.items():
         if isinstance(value, (str, os.PathLike)) and _looks_local(str(value)) and not os.path.exists(value):
@@ -234,7 +263,7 @@ def load_policy(model, peft_config, args: VerlConfig):
             kwargs["attn_implementation"] = attention
         if args.bf16 or args.fp16:
             kwargs["dtype"] = torch.float32
-        model = AutoModelForCausalLM.from_pretrained(model, **kwargs)
+        model = load_checkpoint(AutoModelForCausalLM, model, "model", **kwargs)
     if not isinstance(model, (PreTrainedModel, torch.nn.Module)):
         raise TypeError(f"model must be an id, a path or a PreTrainedModel, got {type(model).__name__}.")
     if peft_config is not None:
@@ -244,23 +273,56 @@ def load_policy(model, peft_config, args: VerlConfig):
     return model
 
 
-def make_reference(trainer, ref_policy, args) -> ReferencePolicy:
-    actor_model = trainer.model
-    own_copy = not hasattr(actor_model, "disable_adapter") and not isinstance(ref_policy, ReferencePolicy)
-    if zero_stage(trainer.accelerator) == 3 and own_copy:
-        return zero3_reference(trainer, ref_policy, args)
-    # FSDP2: any reference model of our own is sharded like the actor, also one given beside a LoRA actor
-    if fsdp_version(trainer.accelerator) == 2 and (own_copy or ref_policy is not None and not isinstance(
-            ref_policy, ReferencePolicy)):
-        return fsdp2_reference(trainer, ref_policy, args)
-    if ref_policy is None:
-        return ReferencePolicy.from_actor(actor_model, args.temperature, args.logits_chunk_size)
+def make_reference(placement, actor_model, ref_policy, args) -> ReferencePolicy:
+    """The KL reference from whatever the user passed (a ReferencePolicy, a model, an id or path, or None: the
+    starting policy), placed like the actor. Where no process holds the whole actor (ZeRO-3, FSDP2) our own
+    reference is the starting policy loaded again and sharded (under FSDP2 also one given beside a LoRA actor);
+    elsewhere, and for a LoRA actor without one, `ReferencePolicy.from_actor` (a frozen copy, or the base with
+    the adapter disabled)."""
     if isinstance(ref_policy, ReferencePolicy):
         return ref_policy
-    if isinstance(ref_policy, str):
-        ref_policy = AutoModelForCausalLM.from_pretrained(ref_policy)
-    return ReferencePolicy(ref_policy.to(args.device), temperature=args.temperature,
-                           logits_chunk_size=args.logits_chunk_size)
+    peft = hasattr(actor_model, "disable_adapter")
+    sharded = placement.kind == "fsdp2" and (not peft or ref_policy is not None) or (
+        placement.kind == "zero3" and not peft)
+    if ref_policy is None and not sharded:
+        return ReferencePolicy.from_actor(actor_model, args.temperature, args.logits_chunk_size)
+    model = _reference_model(placement, actor_model, ref_policy, sharded)
+    model, engine = placement.place_frozen(model) if sharded else (model.to(placement.device), None)
+    role = ReferencePolicy(model, temperature=args.temperature, logits_chunk_size=args.logits_chunk_size)
+    role.engine = engine  # under ZeRO-3: keeps DeepSpeed's hooks and buffers alive
+    return role
+
+
+def _reference_model(placement, actor_model, ref_policy, sharded: bool):
+    """The reference's weights before placement: `ref_policy` loaded or as given; for a sharded run without one,
+    the starting policy reloaded from its path (FSDP2: in the checkpoint's own dtype, frozen weights need no
+    fp32 master copy; FSDP2's mixed precision computes in bf16)."""
+    path = ref_policy if isinstance(ref_policy, str) else None
+    if ref_policy is None:
+        path = policy_path(actor_model)
+        if path is None:
+            raise ValueError(f"under {'ZeRO-3' if placement.kind == 'zero3' else 'FSDP2'} the KL reference is "
+                             f"loaded from a path: pass ref_policy='<id or path>' (the policy has no path to reload "
+                             f"its starting weights from).")
+    if path is not None:
+        return load_checkpoint(AutoModelForCausalLM, path, "ref_policy",
+                               **({"dtype": "auto"} if placement.kind == "fsdp2" else {}))
+    if sharded and placement.kind == "zero3" and not is_zero3(ref_policy):
+        raise ValueError("under ZeRO-3 the KL reference is loaded from a path: pass ref_policy='<id or path>' "
+                         "(a model given whole would be held whole by every process).")
+    return ref_policy
+
+
+def load_checkpoint(model_class, path: str, name: str, **kwargs):
+    """`model_class.from_pretrained(path)`, with a weights file that cannot be read (truncated by a copy or
+    download that stopped) said with the file and the fix instead of the deserialiser's own words."""
+    try:
+        return model_class.from_pretrained(path, **kwargs)
+    except Exception as e:  # safetensors raises its own SafetensorError (or OSError on some versions)
+        if "deserializ" not in str(e).lower() and type(e).__name__ != "SafetensorError":
+            raise
+        raise ValueError(f"{name}={path!r}: its weights file cannot be read ({type(e).__name__}: {e}); it is "
+                         f"truncated or damaged. Copy or download the checkpoint again.") from e
 
 
 def policy_path(model) -> str | None:
@@ -271,10 +333,9 @@ def policy_path(model) -> str | None:
     return getattr(getattr(base, "config", None), "_name_or_path", None) or None
 
 
-def make_critic(critic, policy, args: VerlConfig, trainer=None) -> Critic | None:
-    """The PPO critic: given (role, model or path), or a value head on the policy's own checkpoint. Under
-    DeepSpeed it gets its own engine with the run's ZeRO stage, under FSDP2 it is sharded like the actor; under
-    DDP its gradients are averaged in step()."""
+def make_critic(critic, policy, args: VerlConfig, placement=None) -> Critic | None:
+    """The PPO critic: given (role, model or path), or a value head on the policy's own checkpoint, placed by
+    `placement` (Placement.place_critic; None: on args.device)."""
     if not advantage_spec(args.adv_estimator).needs_values:
         if critic is not None:
             raise ValueError(f"critic= is given but adv_estimator={args.adv_estimator!r} uses no values; set "
@@ -290,13 +351,10 @@ def make_critic(critic, policy, args: VerlConfig, trainer=None) -> Critic | None
     else:
         role = Critic(critic)
     role.learning_rate, role.max_grad_norm = args.critic_learning_rate, args.max_grad_norm
-    if trainer is not None and zero_stage(trainer.accelerator) is not None:
-        return role.use_deepspeed(trainer.accelerator.state.deepspeed_plugin.deepspeed_config)
-    if trainer is not None and fsdp_version(trainer.accelerator) == 2:
-        role.model = sharded_like_actor(trainer.accelerator, role.model, frozen=False)  # FSDP2 averages its gradients
+    if placement is None:
+        role.model.to(args.device)
         return role
-    role.model.to(args.device)
-    return role
+    return placement.place_critic(role)
 
 
 def make_kl_ctrl(args: VerlConfig):
@@ -313,39 +371,6 @@ def make_kl_ctrl(args: VerlConfig):
 
 
 
-def zero3_reference(trainer, ref_policy, args: VerlConfig) -> ReferencePolicy:
-    """The KL reference under ZeRO-3: the starting policy loaded again (partitioned as it loads) and wrapped in
-    a DeepSpeed inference engine, so it is sharded like the actor."""
-    path = ref_policy if isinstance(ref_policy, str) else None
-    if ref_policy is None:
-        path = policy_path(trainer.model)
-    if path is not None:
-        model = AutoModelForCausalLM.from_pretrained(path)
-    elif is_zero3(ref_policy):
-        model = ref_policy
-    else:
-        raise ValueError("under ZeRO-3 the KL reference is loaded from a path: pass ref_policy='<id or path>' "
-                         "(the policy has no path to reload its starting weights from).")
-    engine = deepspeed_inference(trainer.accelerator, model)
-    role = ReferencePolicy(engine.module, temperature=args.temperature, logits_chunk_size=args.logits_chunk_size)
-    role.engine = engine  # keeps DeepSpeed's hooks and buffers alive
-    return role
-
-
-def fsdp2_reference(trainer, ref_policy, args: VerlConfig) -> ReferencePolicy:
-    """The KL reference under FSDP2: the starting policy loaded again (or `ref_policy`), frozen and sharded like
-    the actor."""
-    path = ref_policy if isinstance(ref_policy, str) else policy_path(trainer.model) if ref_policy is None else None
-    if path is None and ref_policy is None:
-        raise ValueError("under FSDP2 the KL reference is loaded from a path: pass ref_policy='<id or path>' "
-                         "(the policy has no path to reload its starting weights from).")
-    # the checkpoint's own dtype: frozen, it needs no fp32 master copy (FSDP2's mixed precision computes in bf16)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype="auto") if path is not None else ref_policy
-    model.eval().requires_grad_(False)
-    return ReferencePolicy(sharded_like_actor(trainer.accelerator, model), temperature=args.temperature,
-                           logits_chunk_size=args.logits_chunk_size)
-
-
 def check_fsdp_plugin(plugin, args: VerlConfig) -> None:
     """What the Trainer checks once FSDP is on, for the FSDP that VerlTrainer turned on itself (CPU machines)."""
     if plugin.activation_checkpointing and args.gradient_checkpointing:
@@ -356,16 +381,10 @@ def check_fsdp_plugin(plugin, args: VerlConfig) -> None:
                          "the model's shards (they could not be resumed); use FULL_STATE_DICT or drop save_only_model.")
 
 
-def place_reward_models(trainer, reward_funcs) -> None:
-    """Reward models live where the actor lives: sharded by a DeepSpeed inference engine under ZeRO-3, sharded
-    with `fully_shard` under FSDP2, else a full frozen copy on each process's device."""
+def place_reward_models(placement, reward_funcs) -> None:
+    """Reward models live where the actor lives (Placement.place_frozen)."""
     for _, func in reward_funcs:
-        if not isinstance(func, RewardModel):
-            continue
-        if zero_stage(trainer.accelerator) == 3:
-            func.engine = deepspeed_inference(trainer.accelerator, func.model)
-            func.model = func.engine.module
-        elif fsdp_version(trainer.accelerator) == 2:
-            func.model = sharded_like_actor(trainer.accelerator, func.model)
-        else:
-            func.model.to(trainer.args.device)
+        if isinstance(func, RewardModel):
+            func.model, engine = placement.place_frozen(func.model)
+            if engine is not None:
+                func.engine = engine

@@ -1,9 +1,8 @@
 """One micro-batch -> the actor's loss (policy loss, KL term, entropy bonus) and the critics' value losses.
 
-The policy loss is the registry's entry bound to its hyper-parameters (a misspelt `policy_loss_kwargs` key
-fails when the config is built, see `algorithms.policy_loss_spec`), read from the config at every micro-step
-so that a callback may schedule them; the loss gets only tensors and the micro-batch's `LossNorm`, the
-normaliser of its whole optimizer step, so gradient accumulation is exact.
+The policy loss is the registry's entry bound once to its hyper-parameters (a misspelt `policy_loss_kwargs`
+key fails when the config is built, see `algorithms.policy_loss_spec`); the loss gets only tensors and the
+micro-batch's `LossNorm`, the normaliser of its whole optimizer step, so gradient accumulation is exact.
 
 See it work: tests/test_round.py, tests/test_trainer_e2e.py.
 """
@@ -17,6 +16,7 @@ import torch
 
 from .algorithms import agg_loss, kl_penalty, masked_mean, policy_loss_spec, rollout_is_weights, value_loss
 from .algorithms.registry import CLIP_FIELDS
+from .settings import Settings
 
 
 @dataclass(frozen=True)
@@ -29,51 +29,70 @@ class ActorLoss:
     kl_observed: tuple[float, float] | None = None
 
 
-def bind_policy_loss(args):
+@dataclass(frozen=True)
+class UpdateSettings(Settings):
+    """What the update reads: the policy loss and its hyper-parameters, the KL term, the entropy bonus, the
+    rollout correction, value clipping, and what a non-finite critic step does."""
+    policy_loss: str
+    policy_loss_kwargs: dict
+    clip_ratio_low: float | None
+    clip_ratio_high: float | None
+    clip_ratio_c: float
+    kl_kind: str
+    use_kl_in_reward: bool
+    entropy_coef: float
+    rollout_is: str | None
+    rollout_is_mode: str
+    rollout_is_threshold: float
+    rollout_is_threshold_low: float | None
+    cliprange_value: float
+    on_nonfinite: str
+
+
+def bind_policy_loss(settings: UpdateSettings):
     """The configured policy loss with its hyper-parameters fixed: the clip fields it declares (None: its own
     default) and `policy_loss_kwargs`."""
-    spec = policy_loss_spec(args.policy_loss)
-    clips = {k: getattr(args, k) for k in CLIP_FIELDS if k in spec.hyperparameters}
-    return spec.bind(**clips, **args.policy_loss_kwargs)
+    spec = policy_loss_spec(settings.policy_loss)
+    clips = {k: getattr(settings, k) for k in CLIP_FIELDS if k in spec.hyperparameters}
+    return spec.bind(**clips, **settings.policy_loss_kwargs)
 
 
 class PolicyUpdate:
-    """Holds: the config it reads its settings from (loss and its hyper-parameters, KL kind, entropy bonus,
-    rollout correction, value clipping) and the KL controller."""
+    """Holds: its settings, the policy loss bound to them, and the KL controller."""
 
-    def __init__(self, args, kl_controller):
-        self.args, self.kl_controller = args, kl_controller
-        bind_policy_loss(args)  # a wrong policy_loss_kwargs key fails here, before any rollout
+    def __init__(self, settings: UpdateSettings, kl_controller):
+        self.settings, self.kl_controller = settings, kl_controller
+        self.policy_loss = bind_policy_loss(settings)  # a wrong policy_loss_kwargs key fails here, early
 
     def actor_loss(self, mb, logprobs: torch.Tensor, entropy: torch.Tensor | None) -> ActorLoss:
-        args, mask, norm = self.args, mb.response_mask.float(), mb.loss_norm
+        s, mask, norm = self.settings, mb.response_mask.float(), mb.loss_norm
         old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
         advantages, metrics = self.corrected_advantages(mb, old)
-        loss, loss_metrics = bind_policy_loss(args)(old, logprobs, advantages, mask, norm)
+        loss, loss_metrics = self.policy_loss(old, logprobs, advantages, mask, norm)
         metrics.update({f"actor/{k}": v for k, v in loss_metrics.items()})
         if entropy is not None:
             metrics["actor/entropy"] = masked_mean(entropy.detach(), mask).item()
         kl_observed = None
         if mb.ref_logprobs is not None:
-            kl = kl_penalty(logprobs, mb.ref_logprobs, args.kl_kind)
+            kl = kl_penalty(logprobs, mb.ref_logprobs, s.kl_kind)
             metrics["kl"] = masked_mean(kl.detach(), mask).item()
-            if not args.use_kl_in_reward:
+            if not s.use_kl_in_reward:
                 loss = loss + self.kl_controller.value * agg_loss(kl, mask, norm)
                 metrics["kl/coef"] = self.kl_controller.value
                 kl_observed = (float((kl.detach() * mask).sum()), float(mask.sum()))
-        if args.entropy_coef:
-            loss = loss - args.entropy_coef * agg_loss(entropy, mask, norm)
+        if s.entropy_coef:
+            loss = loss - s.entropy_coef * agg_loss(entropy, mask, norm)
         return ActorLoss(loss, metrics, kl_observed)
 
     def corrected_advantages(self, mb, old_logprobs: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """With `rollout_is`: advantages x the truncated/masked weights pi_old / pi_rollout (see
         algorithms/rollout_correction.py for why weighting the advantages is the same gradient)."""
-        args = self.args
-        if args.rollout_is is None:
+        s = self.settings
+        if s.rollout_is is None:
             return mb.advantages, {}
-        weights, metrics = rollout_is_weights(old_logprobs, mb.rollout_logprobs, mb.response_mask, args.rollout_is,
-                                              args.rollout_is_mode, args.rollout_is_threshold,
-                                              args.rollout_is_threshold_low)
+        weights, metrics = rollout_is_weights(old_logprobs, mb.rollout_logprobs, mb.response_mask, s.rollout_is,
+                                              s.rollout_is_mode, s.rollout_is_threshold,
+                                              s.rollout_is_threshold_low)
         return mb.advantages * weights, dict(metrics)
 
     def critic_step(self, mb, critic, old_values_field: str, returns_field: str, prefix: str,
@@ -82,7 +101,7 @@ class PolicyUpdate:
         steps (`optimizer_step`), or every micro-step when its engine accumulates by itself."""
         values = critic.forward_values(mb)
         loss, metrics = value_loss(values, getattr(mb, old_values_field), getattr(mb, returns_field),
-                                   mb.response_mask.float(), cliprange_value=self.args.cliprange_value,
+                                   mb.response_mask.float(), cliprange_value=self.settings.cliprange_value,
                                    norm=mb.loss_norm)
         critic.backward(loss)
         out = {f"{prefix}/value_loss": loss.item(), **{f"{prefix}/{k}": v for k, v in metrics.items()}}
@@ -91,7 +110,7 @@ class PolicyUpdate:
             if norm is not None:
                 # 1 for a step whose update was dropped: its mean over a logging window is the share skipped
                 out[f"{prefix}/grad_norm"], out[f"{prefix}/skipped_step"] = norm, float(not math.isfinite(norm))
-            if norm is not None and not math.isfinite(norm) and self.args.on_nonfinite == "raise":
+            if norm is not None and not math.isfinite(norm) and self.settings.on_nonfinite == "raise":
                 raise FloatingPointError(f"the {prefix}'s gradient norm is {norm}; its optimizer step was not taken. "
                                          f"Lower critic_learning_rate, or set on_nonfinite='skip'.")
         return out

@@ -39,19 +39,9 @@ from .utils import (
     place_outcome_rewards,
 )
 from .kl import KL_KINDS, kl_penalty
-from .losses import (
-    LOSS_AGG_MODES,
-    ClippedSurrogate,
-    LossNorm,
-    agg_loss,
-    clipped_surrogate,
-    ppo_clip_loss,
-    reinforce_loss,
-    sequence_count,
-    value_loss,
-)
+from .losses import LOSS_AGG_MODES, LossNorm, agg_loss, sequence_count, value_loss
 from .advantages import SINGLETON_ADVANTAGES, gae_advantages, grpo_advantages, remax_advantages, rloo_advantages
-from . import policy_losses  # noqa: F401  (registers gspo, sapo, cispo, gpg, clip_cov, kl_cov, geo_mean)
+from .policy_losses import ClippedSurrogate, clipped_surrogate, ppo_clip_loss, reinforce_loss  # registers every loss
 from .rollout_correction import IS_LEVELS, IS_MODES, rollout_is_weights
 from .lagrangian import lagrange_multiplier_step, lagrangian_advantages, unsafe_rate
 from .kl_control import KL_CONTROLLERS, AdaptiveKLController, FixedKLController, PIDKLController, make_kl_controller

@@ -1,22 +1,20 @@
-"""Loss aggregation and policy-gradient losses (PPO clip with clip-higher and dual-clip, REINFORCE).
+"""Loss aggregation and the critic's value loss (the policy losses are in policy_losses.py).
 
 ``LossNorm`` is the loss normaliser of one optimizer step: the aggregation mode and the step's token count,
 sequence count and constant.  ``agg_loss`` reduces a per-token loss with it, so that the sum of micro-batch
 losses equals the full-batch loss: gradient accumulation then gives exactly the full-batch gradient.
-``clipped_surrogate`` is PPO's clipped objective shared by every loss that clips a ratio.
 
-See it work: tests/test_algorithms.py, tests/test_registry.py
+See it work: tests/test_algorithms.py
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Dict, NamedTuple, Optional, Tuple, Union
+from typing import Dict, Optional, Tuple, Union
 
 import torch
 
-from .registry import register_policy_loss
 from .utils import masked_mean, masked_sum
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -107,88 +105,7 @@ def agg_loss(
     return masked_sum(loss_mat, loss_mask) / (n_seqs * _denom(length))
 
 
-class ClippedSurrogate(NamedTuple):
-    """PPO's clipped objective per token, all (B, T): the loss, where the ratio clip binds, where dual-clip binds."""
-
-    loss: torch.Tensor
-    clipped: torch.Tensor
-    dual_clipped: torch.Tensor
-
-
-def clipped_surrogate(advantages: torch.Tensor, ratio: torch.Tensor, clip_ratio_low: float, clip_ratio_high: float,
-                      clip_ratio_c: Optional[float] = None) -> ClippedSurrogate:
-    """PPO clipped surrogate, optionally dual-clipped.  advantages, ratio (B, T) -> ClippedSurrogate of (B, T).
-
-    Formula: l = max(-A r, -A clip(r, 1-eps_low, 1+eps_high)), then l = min(l, -A c) where A < 0 (with c).
-    Schulman et al. 2017 (PPO); Yu et al. 2025 (DAPO clip-higher); Ye et al. 2020 (dual-clip).
-    """
-    pg_unclipped = -advantages * ratio
-    pg_clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    pg_max = torch.maximum(pg_unclipped, pg_clipped)
-    clipped = pg_clipped > pg_unclipped
-    if clip_ratio_c is None:
-        return ClippedSurrogate(pg_max, clipped, torch.zeros_like(clipped))
-    # Dual-clip only for A < 0: there a huge ratio makes -A r unbounded above.
-    pg_dual = -advantages * clip_ratio_c
-    negative = advantages < 0
-    loss = torch.where(negative, torch.minimum(pg_max, pg_dual), pg_max)
-    return ClippedSurrogate(loss, clipped, negative & (pg_max > pg_dual))
-
-
 _DEFAULT_NORM = LossNorm()
-
-
-@register_policy_loss("vanilla", hyperparameters={"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0})
-def ppo_clip_loss(
-    old_logprobs: torch.Tensor,
-    logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    norm: Union[LossNorm, str] = _DEFAULT_NORM,
-    *,
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    clip_ratio_c: float = 3.0,
-) -> Tuple[torch.Tensor, Dict[str, float]]:
-    """PPO clipped surrogate with clip-higher and dual-clip.  all inputs (B, T) -> (scalar loss, metrics).
-
-    Formula: l = max(-A r, -A clip(r, 1-eps_low, 1+eps_high)), then l = min(l, -A c) where A < 0;
-    r = exp(logp - old_logp).  Schulman et al. 2017 (PPO); Yu et al. 2025 (DAPO clip-higher);
-    Ye et al. 2020 (dual-clip).
-    """
-    if not clip_ratio_c > 1.0:
-        raise ValueError(f"clip_ratio_c must be > 1 (dual-clip lower bound), got {clip_ratio_c}")
-    # Clamp the log-ratio: exp(+-100) overflows/underflows and would put inf/nan into loss and grads.
-    # Tokens beyond +-20 are far outside the trust region anyway, so their clipped value is what matters.
-    log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
-    ratio = log_ratio.exp()
-    pg = clipped_surrogate(advantages, ratio, clip_ratio_low, clip_ratio_high, clip_ratio_c)
-    loss = agg_loss(pg.loss, response_mask, norm)
-    with torch.no_grad():
-        metrics = {
-            "clip_frac": masked_mean(pg.clipped.float(), response_mask).item(),
-            "clip_frac_lower": masked_mean(pg.dual_clipped.float(), response_mask).item(),
-            "ppo_kl": masked_mean(0.5 * log_ratio.square(), response_mask).item(),
-            "ratio_mean": masked_mean(ratio, response_mask).item(),
-        }
-    return loss, metrics
-
-
-@register_policy_loss("reinforce", hyperparameters={}, uses_old_logprobs=False)
-def reinforce_loss(
-    old_logprobs: Optional[torch.Tensor],
-    logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    norm: Union[LossNorm, str] = _DEFAULT_NORM,
-) -> Tuple[torch.Tensor, Dict[str, float]]:
-    """Plain on-policy policy gradient (Williams 1992, REINFORCE).  (B, T) inputs -> (scalar loss, {}).
-
-    Formula: l_t = -A_t * logp_t, aggregated by ``agg_loss``; ``old_logprobs`` is ignored (may be None).
-    """
-    # torch.where, not a product with the mask: padding may hold -inf log-probs, and 0 * inf is NaN.
-    loss_mat = torch.where(response_mask.bool(), -advantages * logprobs, torch.zeros_like(logprobs))
-    return agg_loss(loss_mat, response_mask, norm), {}
 
 
 def value_loss(

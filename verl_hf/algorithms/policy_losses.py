@@ -1,29 +1,35 @@
-"""More policy losses: GSPO, SAPO, CISPO, GPG, Clip-Cov, KL-Cov and GMPO (``geo_mean``).
+"""The policy losses: PPO clip (``vanilla``), REINFORCE, GSPO, SAPO, CISPO, GPG, Clip-Cov, KL-Cov, GMPO (``geo_mean``).
 
 Importing this module registers each loss under its name in ``POLICY_LOSSES``, with its hyper-parameters
-and their defaults.  All share the signature of ``ppo_clip_loss``: (old_logprobs, logprobs, advantages,
-response_mask, norm: LossNorm, *, <own hyper-parameters>) -> (loss, metrics), inputs (B, T), loss a scalar,
-metrics python floats.  Token losses go through ``agg_loss`` with the whole-step ``LossNorm`` so gradient
+and their defaults.  All share one signature: (old_logprobs, logprobs, advantages, response_mask,
+norm: LossNorm, *, <own hyper-parameters>) -> (loss, metrics), inputs (B, T), loss a scalar, metrics
+python floats.  ``clipped_surrogate`` is PPO's clipped objective, shared by every loss that clips a ratio.  Token losses go through ``agg_loss`` with the whole-step ``LossNorm`` so gradient
 accumulation stays exact.  Definitions follow the papers and verl 0.9.1's ``verl/trainer/ppo/core_algos.py``;
 deviations are marked in the code.
 
 See it work: tests/test_policy_losses.py
 """
 
+from __future__ import annotations
+
 import dataclasses
-from typing import Dict, Optional, Tuple, Union
+from typing import Dict, NamedTuple, Optional, Tuple, Union
 
 import torch
+from torch import Tensor
 
-from .losses import _DEFAULT_NORM, LossNorm, agg_loss, clipped_surrogate, reinforce_loss
+from .losses import _DEFAULT_NORM, LossNorm, agg_loss
 from .registry import register_policy_loss
 from .utils import masked_mean
+
+Norm = Union[LossNorm, str]
+LossAndMetrics = Tuple[Tensor, Dict[str, float]]
 
 # exp(+-20) is ~4.9e8 / 2.1e-9: finite in fp32 and bf16, and far outside any trust region.
 _MAX_LOG_RATIO = 20.0
 
 
-def _where_valid(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def _where_valid(x: Tensor, mask: Tensor) -> Tensor:
     """x where mask is set, else 0.  (B, T) -> (B, T).
 
     torch.where (not x * mask) so a nan/inf in padding reaches neither the value nor the gradient.
@@ -31,17 +37,17 @@ def _where_valid(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
-def _log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def _log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
     """Clamped per-token log importance ratio, 0 on padding.  (B, T) -> (B, T)."""
     return _where_valid(logprobs - old_logprobs, mask).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
 
 
-def _ppo_kl(log_ratio: torch.Tensor, mask: torch.Tensor) -> float:
+def _ppo_kl(log_ratio: Tensor, mask: Tensor) -> float:
     """Masked mean of the k2 estimate 0.5 (logp - old)^2, the ``ppo_kl`` metric of ``ppo_clip_loss``."""
     return masked_mean(0.5 * log_ratio.detach().square(), mask).item()
 
 
-def _frac(flags: torch.Tensor, mask: torch.Tensor) -> float:
+def _frac(flags: Tensor, mask: Tensor) -> float:
     """Fraction of valid tokens where ``flags`` holds (0 for an empty mask)."""
     return masked_mean(flags.float(), mask).item()
 
@@ -57,17 +63,79 @@ def _check_fraction(name: str, v: float) -> None:
         raise ValueError(f"{name} must be in (0, 1], got {v}")
 
 
+def _check_dual_clip(clip_ratio_c: float) -> None:
+    if not clip_ratio_c > 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1 (dual-clip lower bound), got {clip_ratio_c}")
+
+
+class ClippedSurrogate(NamedTuple):
+    """PPO's clipped objective per token, all (B, T): the loss, where the ratio clip binds, where dual-clip binds."""
+
+    loss: Tensor
+    clipped: Tensor
+    dual_clipped: Tensor
+
+
+def clipped_surrogate(advantages: Tensor, ratio: Tensor, clip_ratio_low: float, clip_ratio_high: float,
+                      clip_ratio_c: Optional[float] = None) -> ClippedSurrogate:
+    """PPO clipped surrogate, optionally dual-clipped.  advantages, ratio (B, T) -> ClippedSurrogate of (B, T).
+
+    Formula: l = max(-A r, -A clip(r, 1-eps_low, 1+eps_high)), then l = min(l, -A c) where A < 0 (with c).
+    Schulman et al. 2017 (PPO); Yu et al. 2025 (DAPO clip-higher); Ye et al. 2020 (dual-clip).
+    """
+    pg_unclipped = -advantages * ratio
+    pg_clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    pg_max = torch.maximum(pg_unclipped, pg_clipped)
+    clipped = pg_clipped > pg_unclipped
+    if clip_ratio_c is None:
+        return ClippedSurrogate(pg_max, clipped, torch.zeros_like(clipped))
+    # Dual-clip only for A < 0: there a huge ratio makes -A r unbounded above.
+    pg_dual = -advantages * clip_ratio_c
+    negative = advantages < 0
+    loss = torch.where(negative, torch.minimum(pg_max, pg_dual), pg_max)
+    return ClippedSurrogate(loss, clipped, negative & (pg_max > pg_dual))
+
+
+@register_policy_loss("vanilla", hyperparameters={"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0})
+def ppo_clip_loss(old_logprobs: Tensor, logprobs: Tensor, advantages: Tensor, response_mask: Tensor,
+                  norm: Norm = _DEFAULT_NORM, *, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+                  clip_ratio_c: float = 3.0) -> LossAndMetrics:
+    """PPO clipped surrogate with clip-higher and dual-clip.  all inputs (B, T) -> (scalar loss, metrics).
+
+    Formula: l = max(-A r, -A clip(r, 1-eps_low, 1+eps_high)), then l = min(l, -A c) where A < 0;
+    r = exp(logp - old_logp).  Schulman et al. 2017 (PPO); Yu et al. 2025 (DAPO clip-higher);
+    Ye et al. 2020 (dual-clip).
+    """
+    _check_dual_clip(clip_ratio_c)
+    log_ratio = _log_ratio(logprobs, old_logprobs, response_mask)
+    ratio = log_ratio.exp()
+    pg = clipped_surrogate(advantages, ratio, clip_ratio_low, clip_ratio_high, clip_ratio_c)
+    loss = agg_loss(pg.loss, response_mask, norm)
+    with torch.no_grad():
+        metrics = {
+            "clip_frac": _frac(pg.clipped, response_mask),
+            "clip_frac_lower": _frac(pg.dual_clipped, response_mask),
+            "ppo_kl": _ppo_kl(log_ratio, response_mask),
+            "ratio_mean": masked_mean(ratio, response_mask).item(),
+        }
+    return loss, metrics
+
+
+@register_policy_loss("reinforce", hyperparameters={}, uses_old_logprobs=False)
+def reinforce_loss(old_logprobs: Optional[Tensor], logprobs: Tensor, advantages: Tensor, response_mask: Tensor,
+                   norm: Norm = _DEFAULT_NORM) -> LossAndMetrics:
+    """Plain on-policy policy gradient (Williams 1992, REINFORCE).  (B, T) inputs -> (scalar loss, {}).
+
+    Formula: l_t = -A_t * logp_t, aggregated by ``agg_loss``; ``old_logprobs`` is ignored (may be None).
+    """
+    # _where_valid, not a product with the mask: padding may hold -inf log-probs, and 0 * inf is NaN.
+    return agg_loss(_where_valid(-advantages * logprobs, response_mask), response_mask, norm), {}
+
+
 @register_policy_loss("gspo", hyperparameters={"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4})
-def gspo_loss(
-    old_logprobs: torch.Tensor,
-    logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    norm: Union[LossNorm, str] = _DEFAULT_NORM,
-    *,
-    clip_ratio_low: float = 3e-4,
-    clip_ratio_high: float = 4e-4,
-) -> Tuple[torch.Tensor, Dict[str, float]]:
+def gspo_loss(old_logprobs: Tensor, logprobs: Tensor, advantages: Tensor, response_mask: Tensor,
+              norm: Norm = _DEFAULT_NORM, *, clip_ratio_low: float = 3e-4,
+              clip_ratio_high: float = 4e-4) -> LossAndMetrics:
     """Group Sequence Policy Optimization (Zheng et al. 2025, arXiv:2507.18071).  (B, T) x4 -> (loss, metrics).
 
     Formula: l_t = max(-A s_t, -A clip(s_t, 1-eps_low, 1+eps_high)), s_t = sg[exp(mean_t(logp - old))] exp(logp_t - sg[logp_t]).
@@ -101,17 +169,9 @@ def gspo_loss(
 
 
 @register_policy_loss("sapo", hyperparameters={"tau_pos": 1.0, "tau_neg": 1.05, "follow_loss_agg_mode": False})
-def sapo_loss(
-    old_logprobs: torch.Tensor,
-    logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    norm: Union[LossNorm, str] = _DEFAULT_NORM,
-    *,
-    tau_pos: float = 1.0,
-    tau_neg: float = 1.05,
-    follow_loss_agg_mode: bool = False,
-) -> Tuple[torch.Tensor, Dict[str, float]]:
+def sapo_loss(old_logprobs: Tensor, logprobs: Tensor, advantages: Tensor, response_mask: Tensor,
+              norm: Norm = _DEFAULT_NORM, *, tau_pos: float = 1.0, tau_neg: float = 1.05,
+              follow_loss_agg_mode: bool = False) -> LossAndMetrics:
     """Soft Adaptive Policy Optimization (Gao et al. 2025, Qwen, arXiv:2511.20347).  (B, T) x4 -> (loss, metrics).
 
     Formula: l_t = -A_t (4/tau) sigmoid(tau (r_t - 1)), tau = tau_pos if A_t > 0 else tau_neg, r_t = exp(logp - old).
@@ -145,16 +205,9 @@ def sapo_loss(
 
 
 @register_policy_loss("cispo", hyperparameters={"clip_ratio_low": 0.2, "clip_ratio_high": 0.2})
-def cispo_loss(
-    old_logprobs: torch.Tensor,
-    logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    norm: Union[LossNorm, str] = _DEFAULT_NORM,
-    *,
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-) -> Tuple[torch.Tensor, Dict[str, float]]:
+def cispo_loss(old_logprobs: Tensor, logprobs: Tensor, advantages: Tensor, response_mask: Tensor,
+               norm: Norm = _DEFAULT_NORM, *, clip_ratio_low: float = 0.2,
+               clip_ratio_high: float = 0.2) -> LossAndMetrics:
     """Clipped IS-weight Policy Optimization (MiniMax-M1, MiniMax 2025, arXiv:2506.13585).  (B, T) x4 -> (loss, metrics).
 
     Formula: l_t = -sg[clip(r_t, 1-eps_low, 1+eps_high)] A_t logp_t, r_t = exp(logp - old).
@@ -181,13 +234,8 @@ def cispo_loss(
 
 
 @register_policy_loss("gpg", hyperparameters={}, uses_old_logprobs=False)
-def gpg_loss(
-    old_logprobs: Optional[torch.Tensor],
-    logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    norm: Union[LossNorm, str] = _DEFAULT_NORM,
-) -> Tuple[torch.Tensor, Dict[str, float]]:
+def gpg_loss(old_logprobs: Optional[Tensor], logprobs: Tensor, advantages: Tensor, response_mask: Tensor,
+             norm: Norm = _DEFAULT_NORM) -> LossAndMetrics:
     """Group Policy Gradient loss (Chu et al. 2025, arXiv:2504.02546).  (B, T) inputs -> (loss, metrics).
 
     Formula: l_t = -A_t logp_t (no ratio, no clip), aggregated by ``agg_loss``.
@@ -203,7 +251,7 @@ def gpg_loss(
     return loss, metrics
 
 
-def _centered_cov(advantages: torch.Tensor, logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def _centered_cov(advantages: Tensor, logprobs: Tensor, mask: Tensor) -> Tensor:
     """Per-token covariance term of Cui et al. 2025, 0 on padding (detached).  (B, T) -> (B, T).
 
     Formula: cov_t = (A_t - mean A) (logp_t - mean logp), means over the valid tokens of this call.
@@ -213,7 +261,7 @@ def _centered_cov(advantages: torch.Tensor, logprobs: torch.Tensor, mask: torch.
     return _where_valid(cov, mask)
 
 
-def _random_subset(candidates: torch.Tensor, n: int, generator: Optional[torch.Generator]) -> torch.Tensor:
+def _random_subset(candidates: Tensor, n: int, generator: Optional[torch.Generator]) -> Tensor:
     """min(n, #candidates) of the candidate positions, drawn uniformly.  (B, T) bool -> (B, T) bool."""
     flat_idx = candidates.flatten().nonzero().squeeze(-1)
     gen_device = generator.device if generator is not None else "cpu"
@@ -226,21 +274,10 @@ def _random_subset(candidates: torch.Tensor, n: int, generator: Optional[torch.G
 @register_policy_loss("clip_cov", hyperparameters={
     "clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0, "clip_cov_ratio": 2e-4, "clip_cov_lb": 1.0,
     "clip_cov_ub": 5.0, "generator": None})
-def clip_cov_loss(
-    old_logprobs: torch.Tensor,
-    logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    norm: Union[LossNorm, str] = _DEFAULT_NORM,
-    *,
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    clip_ratio_c: float = 3.0,
-    clip_cov_ratio: float = 2e-4,
-    clip_cov_lb: float = 1.0,
-    clip_cov_ub: float = 5.0,
-    generator: Optional[torch.Generator] = None,
-) -> Tuple[torch.Tensor, Dict[str, float]]:
+def clip_cov_loss(old_logprobs: Tensor, logprobs: Tensor, advantages: Tensor, response_mask: Tensor,
+                  norm: Norm = _DEFAULT_NORM, *, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+                  clip_ratio_c: float = 3.0, clip_cov_ratio: float = 2e-4, clip_cov_lb: float = 1.0,
+                  clip_cov_ub: float = 5.0, generator: Optional[torch.Generator] = None) -> LossAndMetrics:
     """Clip-Cov (Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs).  (B, T) x4 -> (loss, metrics).
 
     Formula: l_t = 0 on max(1, floor(ratio N)) random tokens with lb < cov_t < ub, else vanilla; cov_t = (A - mean A)(logp - mean logp).
@@ -257,8 +294,7 @@ def clip_cov_loss(
     """
     _check_nonneg(clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
     _check_fraction("clip_cov_ratio", clip_cov_ratio)
-    if not clip_ratio_c > 1.0:
-        raise ValueError(f"clip_ratio_c must be > 1 (dual-clip lower bound), got {clip_ratio_c}")
+    _check_dual_clip(clip_ratio_c)
     mask = response_mask.bool()
     log_ratio = _log_ratio(logprobs, old_logprobs, response_mask)
     ratio = log_ratio.exp()
@@ -283,16 +319,9 @@ def clip_cov_loss(
 
 
 @register_policy_loss("kl_cov", hyperparameters={"kl_cov_ratio": 2e-4, "kl_cov_coef": 1.0})
-def kl_cov_loss(
-    old_logprobs: torch.Tensor,
-    logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    norm: Union[LossNorm, str] = _DEFAULT_NORM,
-    *,
-    kl_cov_ratio: float = 2e-4,
-    kl_cov_coef: float = 1.0,
-) -> Tuple[torch.Tensor, Dict[str, float]]:
+def kl_cov_loss(old_logprobs: Tensor, logprobs: Tensor, advantages: Tensor, response_mask: Tensor,
+                norm: Norm = _DEFAULT_NORM, *, kl_cov_ratio: float = 2e-4,
+                kl_cov_coef: float = 1.0) -> LossAndMetrics:
     """KL-Cov (Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs).  (B, T) x4 -> (loss, metrics).
 
     Formula: l_t = -A_t r_t + coef |logp_t - old_t| on the top k = max(1, floor(ratio N)) tokens by cov_t, else -A_t r_t.
@@ -337,17 +366,9 @@ GEO_MEAN_CLIP_DIRECTIONS = ("token", "sequence")
 
 @register_policy_loss("geo_mean", hyperparameters={"clip_ratio_low": 0.4, "clip_ratio_high": 0.4,
                                                    "clip_direction": "token"})
-def geo_mean_loss(
-    old_logprobs: torch.Tensor,
-    logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    norm: Union[LossNorm, str] = _DEFAULT_NORM,
-    *,
-    clip_ratio_low: float = 0.4,
-    clip_ratio_high: float = 0.4,
-    clip_direction: str = "token",
-) -> Tuple[torch.Tensor, Dict[str, float]]:
+def geo_mean_loss(old_logprobs: Tensor, logprobs: Tensor, advantages: Tensor, response_mask: Tensor,
+                  norm: Norm = _DEFAULT_NORM, *, clip_ratio_low: float = 0.4, clip_ratio_high: float = 0.4,
+                  clip_direction: str = "token") -> LossAndMetrics:
     """Geometric-Mean Policy Optimization, GMPO (Zhao et al. 2025, arXiv:2507.20673).  (B, T) x4 -> (loss, metrics).
 
     Formula: l_i = -A_i exp(mean_t c_t), c_t = sgn(A_t) min(sgn(A_t) lr_t, sgn(A_t) clip(lr_t, -eps_low, eps_high)), lr_t = logp_t - old_t.

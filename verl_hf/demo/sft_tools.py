@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datasets import Dataset
 
-from .sft import StopAtAccuracy, pad_collate, train_until
+from .sft_loop import StopAtAccuracy, pad_collate, train_until
 from .task import ANSWER_PREFIX
 from .tiny import CHAT_TEMPLATE, build_chat_tokenizer, build_tiny_llama
 from .tools_task import multiply, sft_conversations, tools_splits

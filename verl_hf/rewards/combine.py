@@ -97,6 +97,10 @@ def _check_score(name: str, index: int, value) -> float:
             f"reward function {name!r} returned {value!r} for sample {index}; "
             f"scores must be finite -- return None (not NaN) to leave a "
             f"sample unscored")
+    if abs(float(value)) > torch.finfo(torch.float32).max:  # scores are held in float32: it would become inf
+        raise ValueError(
+            f"reward function {name!r} returned {value!r} for sample {index}, "
+            f"beyond float32's range (|x| <= 3.4e38); scale the score down")
     return float(value)
 
 
@@ -124,15 +128,16 @@ def _check_inputs(reward_funcs, weights, completions, prompts,
             raise ValueError(
                 f"{key!r} has {len(values)} entries for {n} completions; "
                 f"every column must be aligned with completions")
-    if weights is None:
-        return [1.0] * len(reward_funcs)
-    if len(weights) != len(reward_funcs):
-        raise ValueError(
-            f"got {len(weights)} reward weights {list(weights)} for "
-            f"{len(reward_funcs)} reward functions "
-            f"{[name for name, _ in reward_funcs]}; give one weight per "
-            f"function or none")
-    return [float(w) for w in weights]
+    check_reward_weights(weights, [name for name, _ in reward_funcs])
+    return [1.0] * len(reward_funcs) if weights is None else [float(w) for w in weights]
+
+
+def check_reward_weights(weights, names: list[str]) -> None:
+    """One weight per reward function, or none (each weighs 1.0). The one check of that count: VerlTrainer
+    calls it before any reward model loads, score_completions for direct callers."""
+    if weights is not None and len(weights) != len(names):
+        raise ValueError(f"reward_weights has {len(weights)} entries {list(weights)} for {len(names)} reward "
+                         f"functions {names}; give one weight per function (or none: 1.0 each).")
 
 
 def score_completions(reward_funcs: list[tuple[str, Callable]],

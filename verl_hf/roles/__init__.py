@@ -5,9 +5,9 @@ loop (examples/custom_loop_ppo.py) is another, and both run the same code.
     ref_policy.kl_divergence(seqs)  actor.get_logprobs(seqs)      actor.update(loss)
 """
 
-from .actor import Actor, sequence_logprobs
+from .actor import Actor, EngineWeightsChanged, sequence_logprobs
 from .critic import Critic, sequence_values
 from .reference import ReferencePolicy
 from .reward import RewardModel
 
-__all__ = ["Actor", "Critic", "ReferencePolicy", "RewardModel", "sequence_logprobs", "sequence_values"]
+__all__ = ["Actor", "EngineWeightsChanged", "Critic", "ReferencePolicy", "RewardModel", "sequence_logprobs", "sequence_values"]

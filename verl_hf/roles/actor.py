@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from transformers import TrainerCallback
 
 from ..batch import RolloutBatch, row_columns
 from ..distributed import is_fsdp2, is_sharded
@@ -201,3 +202,14 @@ class Actor(TrainableRole):
                              f"{type(self.engine).__name__} does not (the HF engine does; colocated vLLM on a GPU "
                              f"does with vLLM's enable_return_routed_experts). Set routing_replay=False.")
         return RoutingReplay(model)
+
+
+class EngineWeightsChanged(TrainerCallback):
+    """Every optimizer step changes the weights: the actor's engine copy (if any) is stale until the next sync,
+    also for generation that does not go through training_step (evaluation, a user's callback)."""
+
+    def __init__(self, actor: Actor):
+        self.actor = actor
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.actor.mark_weights_changed()

@@ -1,5 +1,5 @@
 """The one place a rollout engine is built from a `VerlConfig`: `make_rollout_engine(model, tokenizer, args,
-zero_stage=...)` returns the engine that `rollout_engine`, `rollout_hf_weights` and `rollout_dtype` ask for.
+placement)` returns the engine that `rollout_engine`, `rollout_hf_weights` and `rollout_dtype` ask for.
 
 Errors that only show once the engine is built (a dtype for an engine without its own weights, a tensor-parallel
 size that does not divide the processes, an unreachable server) are raised here, before any training.
@@ -18,6 +18,7 @@ from .hf import HFCopyEngine, HFSharedEngine
 
 if TYPE_CHECKING:
     from ..config import VerlConfig
+    from ..placement import Placement
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:
@@ -28,20 +29,20 @@ def eos_token_ids(model, tokenizer) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
-def make_rollout_engine(model, tokenizer, args: VerlConfig, *, zero_stage: int | None,
-                        fsdp2: bool = False) -> RolloutEngine:
-    """The engine `args.rollout_engine` names, for the training `model` (possibly PEFT- or DeepSpeed-wrapped).
-    `zero_stage`: the run's DeepSpeed ZeRO stage (None without DeepSpeed); `fsdp2`: the run shards with FSDP2
-    (the model itself is sharded only when training starts). 'auto' HF weights copy under ZeRO-3 and FSDP2."""
+def make_rollout_engine(model, tokenizer, args: VerlConfig, placement: Placement | None = None) -> RolloutEngine:
+    """The engine `args.rollout_engine` names, for the training `model` (possibly PEFT- or DeepSpeed-wrapped),
+    in the run's `placement` (None: one process). 'auto' HF weights copy under ZeRO-3 and FSDP2."""
     if args.rollout_engine == "vllm":
         return make_vllm_engine(model, tokenizer, args)
     if args.rollout_engine == "vllm_server":
         return make_vllm_server_engine(model, tokenizer, args)
-    return make_hf_engine(model, tokenizer, args, zero_stage=zero_stage, fsdp2=fsdp2)
+    return make_hf_engine(model, tokenizer, args, placement)
 
 
-def make_hf_engine(model, tokenizer, args: VerlConfig, *, zero_stage: int | None, fsdp2: bool = False) -> RolloutEngine:
+def make_hf_engine(model, tokenizer, args: VerlConfig, placement: Placement | None = None) -> RolloutEngine:
     """The HF engine in the form `rollout_hf_weights` asks for ('auto': see VerlConfig)."""
+    zero_stage = placement.zero_stage if placement is not None else None
+    sharded = placement is not None and placement.shards_weights
     form = args.rollout_hf_weights
     if form == "auto":
         # Under ZeRO-3 the shared form gathers the whole model for every generate call; sampling from a copy is
@@ -52,7 +53,7 @@ def make_hf_engine(model, tokenizer, args: VerlConfig, *, zero_stage: int | None
         # whole base model again).
         mixed = rollout_dtype(args, model) != next(model.parameters()).dtype
         cpu_copy = mixed and not torch.cuda.is_available() and not hasattr(model, "get_base_model") and zero_stage is None
-        form = "copy" if zero_stage == 3 or fsdp2 or cpu_copy else "shared"
+        form = "copy" if sharded or cpu_copy else "shared"
     eos = eos_token_ids(model, tokenizer)
     if form == "shared":
         if args.rollout_dtype != "auto":

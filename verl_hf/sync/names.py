@@ -3,8 +3,8 @@
 Training wraps models in layers that rename parameters: DDP and DeepSpeed (`module.`), `torch.compile`
 (`_orig_mod.`), FSDP (`_fsdp_wrapped_module.`), activation checkpointing (`_checkpoint_wrapped_module.`),
 PEFT (`base_model.model.`, `.base_layer.`, `.modules_to_save.<adapter>.`). The engine knows the checkpoint's
-own names, so every one of those is removed. Engines that load checkpoints (vLLM) also get the checkpoint's
-layout (`checkpoint_form`).
+own names, so every one of those is removed. (vLLM also gets the checkpoint's layout: rollout/vllm_compat.py,
+`checkpoint_form`.)
 
 See it work: tests/test_sync.py.
 """
@@ -12,10 +12,6 @@ See it work: tests/test_sync.py.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import torch
 
 LEADING = ("module.", "_orig_mod.", "base_model.model.")
 INNER = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.", "base_layer.")
@@ -48,14 +44,3 @@ def check_names(pushed: list[str], engine_names: set[str]) -> None:
     if missing:
         raise ValueError(f"the sync never sets the engine weight {missing[0]!r} ({len(missing)} engine weights "
                          f"without a training counterpart): the engine would sample from stale values.")
-
-
-def checkpoint_form(model: torch.nn.Module, named_tensors: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
-    """The tensors as the model's checkpoint stores them, which is what vLLM's loaders read: transformers 5
-    keeps some weights in memory in another layout than on disk (e.g. Qwen3-MoE's experts fused into one
-    `mlp.experts.gate_up_proj` tensor per layer, saved as `mlp.experts.<i>.gate_proj.weight` ...), and
-    `save_pretrained` reverts that conversion; so do we, with the same function, one bucket (whole layers) at
-    a time. `model`: any model of the policy's class and config (a meta-device one is enough)."""
-    from transformers.core_model_loading import revert_weight_conversion
-
-    return list(revert_weight_conversion(model, dict(named_tensors)).items())

@@ -63,10 +63,6 @@ class WeightSync:
         the others only take part in the ZeRO-3 gathers. Otherwise every process feeds its own engine."""
         return cls(owner_rank=0 if engine.shared_by_processes else None, **kwargs)
 
-    @classmethod
-    def from_config(cls, args, engine: RolloutEngine) -> "WeightSync":
-        return cls.for_engine(engine, bucket_mb=args.sync_bucket_mb, verify=args.sync_verify)
-
     def sync(self, model: torch.nn.Module, engine: RolloutEngine) -> dict[str, float]:
         """Push every weight of `model` into `engine`; returns `sync/*` metrics."""
         units = weight_units(model)
