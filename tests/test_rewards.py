@@ -24,27 +24,30 @@ from verl_hf.rewards import (
 
 # ---------------------------------------------------------------- scorers
 
-@pytest.mark.parametrize("text, strict, flexible", [
-    ("so the total is 72.\n#### 72", "72", "72"),
-    ("#### 1,234", "1234", "1234"),
-    ("#### $5", "5", "5"),
-    ("#### -3", "-3", "-3"),
-    ("#### 2.5", "2.5", "2.5"),
-    ("#### 72.", "72", "72"),
-    ("#### 72.0", "72.0", "72.0"),          # no numeric normalisation
-    ("#### 10 then #### 20", "20", "20"),   # last marker wins
-    ("#### 10\nchecking: 3 + 4 = 7", "10", "7"),  # flexible: last number
-    ("The answer is 42.", None, "42"),
-    ("The answer is $1,000.", None, "1000"),
-    ("####72", None, "72"),                 # strict needs the space
-    ("#### twelve", None, None),
-    ("no numbers here.", None, None),
-    ("", None, None),
-    ("#### .", None, None),                 # punctuation only is no answer
+@pytest.mark.parametrize("text, strict, flexible, lenient, lenient_flexible", [
+    ("so the total is 72.\n#### 72", "72", "72", "72", "72"),
+    ("#### 1,234", "1234", "1,234", "1234", "1234"),   # verl's flexible keeps the commas
+    ("#### $5", None, "5", "5", "5"),                 # verl: no '$' after the marker
+    ("#### -3", "-3", "-3", "-3", "-3"),
+    ("#### 2.5", "2.5", "2.5", "2.5", "2.5"),
+    ("#### 72.", "72.", "72.", "72", "72"),           # verl keeps the full stop (then 72. != 72)
+    ("#### 72.0", "72.0", "72.0", "72.0", "72.0"),    # no numeric normalisation
+    ("#### 10 then #### 20", "20", "20", "20", "20"),   # last marker wins
+    ("#### 10\nchecking: 3 + 4 = 7", "10", "7", "10", "7"),  # flexible: last number
+    ("The answer is 42.", None, "42.", None, "42"),
+    ("The answer is $1,000.", None, "1,000.", None, "1000"),
+    ("####72", None, "72", None, "72"),                 # strict needs the space
+    ("#### twelve", None, None, None, None),
+    ("no numbers here.", None, None, None, None),
+    ("", None, None, None, None),
+    ("#### .", ".", None, None, None),                   # verl: '.' after the marker is an (unmatched) answer
+    ("#### 7" + " and more" * 40, None, None, "7", "7"),  # verl reads only the last 300 characters
 ])
-def test_extract_gsm8k_answer_strict_and_flexible(text, strict, flexible):
+def test_extract_gsm8k_answer_every_method(text, strict, flexible, lenient, lenient_flexible):
     assert extract_gsm8k_answer(text, "strict") == strict
     assert extract_gsm8k_answer(text, method="flexible") == flexible
+    assert extract_gsm8k_answer(text, method="lenient") == lenient
+    assert extract_gsm8k_answer(text, method="lenient_flexible") == lenient_flexible
 
 
 def test_extract_gsm8k_answer_default_is_strict():
@@ -63,7 +66,8 @@ def test_extract_gsm8k_answer_rejects_bad_method_and_type():
     ("#### 72", 72, 1.0),
     ("#### 1,234", "1234", 1.0),
     ("#### 1234", "1,234", 1.0),
-    ("#### $5", "5", 1.0),
+    ("#### $5", "5", 0.0),      # as verl scores it; method="lenient" reads 5
+    ("#### 5.", "5", 0.0),      # as verl scores it; method="lenient" reads 5
     ("#### -7", "-7", 1.0),
     ("#### 7", "-7", 0.0),
     ("#### 72.0", "72", 0.0),
@@ -76,6 +80,12 @@ def test_extract_gsm8k_answer_rejects_bad_method_and_type():
 ])
 def test_gsm8k_score_strict(completion, truth, expected):
     assert gsm8k_score(completion, truth) == expected
+
+
+def test_gsm8k_lenient_reads_dollars_and_full_stops():
+    assert gsm8k_score("#### $18", "18", method="lenient") == gsm8k_score("#### 18.", "18", method="lenient") == 1.0
+    assert BUILTIN_REWARDS["gsm8k_lenient"]([""], ["#### $18"], [[1]], answer=["18"]) == [1.0]
+    assert BUILTIN_REWARDS["gsm8k"]([""], ["#### $18"], [[1]], answer=["18"]) == [0.0]
 
 
 def test_gsm8k_score_format_score_and_score_values():
@@ -155,8 +165,8 @@ def test_builtin_registry():
     assert {name: BUILTIN_REWARDS[name] for name in ("gsm8k", "gsm8k_flexible", "gsm8k_format", "exact_match")} == {
         "gsm8k": gsm8k_reward, "gsm8k_flexible": gsm8k_flexible_reward,
         "gsm8k_format": gsm8k_format_reward, "exact_match": exact_match_reward}
-    assert set(BUILTIN_REWARDS) == {"gsm8k", "gsm8k_flexible", "gsm8k_format", "exact_match", "math_verify",
-                                    "length", "code"}
+    assert set(BUILTIN_REWARDS) == {"gsm8k", "gsm8k_flexible", "gsm8k_lenient", "gsm8k_format", "exact_match",
+                                    "math_verify", "length", "code"}
 
 
 # ---------------------------------------------------------------- loading

@@ -15,9 +15,9 @@ class RewardFields:
     reward_funcs: list[str] | None = field(
         default=None,
         metadata=_help(
-            "Reward functions by name: a built-in (gsm8k, gsm8k_flexible, gsm8k_format, exact_match, math_verify, "
-            "length, code), 'regex:<pattern>', 'pkg.module:function' or 'path/to/file.py:function' (sync or async). "
-            "VerlTrainer(reward_funcs=...) also takes callables."
+            "Reward functions by name: a built-in (gsm8k, gsm8k_lenient, gsm8k_flexible, gsm8k_format, exact_match, "
+            "math_verify, length, code), 'regex:<pattern>', 'pkg.module:function' or 'path/to/file.py:function' (sync "
+            "or async). VerlTrainer(reward_funcs=...) also takes callables."
         ),
     )
     reward_model_path: list[str] | None = field(

@@ -30,9 +30,17 @@ from verl_hf.rewards.verifiers import code_reward, length_reward, math_verify_re
 
 def gsm8k_reward(prompts, completions, completion_ids, **columns):
     """1.0 if the number after the last '#### ' equals the ground truth, else
-    0.0 (strict GSM8K). Reads column `answer` or `ground_truth`."""
+    0.0 (strict GSM8K, read as verl reads it: '#### $18' and '#### 18.' score
+    0). Reads column `answer` or `ground_truth`."""
     truths = _ground_truths("gsm8k", columns)
     return _score_each(gsm8k_score, completions, truths, method="strict")
+
+
+def gsm8k_lenient_reward(prompts, completions, completion_ids, **columns):
+    """As `gsm8k`, but '$' and a trailing full stop after the marker are
+    allowed ('#### $18.' reads 18). Reads column `answer` or `ground_truth`."""
+    truths = _ground_truths("gsm8k_lenient", columns)
+    return _score_each(gsm8k_score, completions, truths, method="lenient")
 
 
 def gsm8k_flexible_reward(prompts, completions, completion_ids, **columns):
@@ -60,6 +68,7 @@ def exact_match_reward(prompts, completions, completion_ids, **columns):
 BUILTIN_REWARDS: dict[str, Callable] = {
     "gsm8k": gsm8k_reward,
     "gsm8k_flexible": gsm8k_flexible_reward,
+    "gsm8k_lenient": gsm8k_lenient_reward,
     "gsm8k_format": gsm8k_format_reward,
     "exact_match": exact_match_reward,
     "math_verify": math_verify_reward,

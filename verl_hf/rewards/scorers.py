@@ -3,11 +3,13 @@
 Nothing here knows about batches, tensors or datasets; `functions.py` wraps
 these into batch reward functions.
 
-GSM8K answers are compared the way the field does (verl's gsm8k reward,
-lm-eval-harness's gsm8k task): as *strings* after removing thousands commas,
-dollar signs and a trailing full stop. So "1,234" == "1234" and "$5" == "5",
-but "72.0" != "72" and "0.50" != "0.5" -- we deliberately do not parse to
-numbers, so our scores match the published ones.
+GSM8K answers are read as verl 0.9.1's gsm8k reward reads them (verl/utils/reward_score/gsm8k.py), by
+default: "strict" takes the number after the last "#### " marker in the completion's last 300 characters,
+digits, '.', ',' and a leading '-' only, commas removed; "flexible" takes the last such run anywhere in those
+300 characters, as written. Both compare *strings*: "72.0" != "72", and "#### $18" or "#### 18." do not match
+"18" (verl scores them 0). The readings this library used before are kept as named options: "lenient" (after
+the marker, '$' and a trailing full stop allowed and removed, no clipping) and "lenient_flexible" (the last
+number anywhere, commas, '$' and a trailing full stop removed), the `gsm8k_lenient` reward.
 
 See it work: tests/test_rewards.py
 """
@@ -16,13 +18,15 @@ from __future__ import annotations
 
 import re
 
-# The marker GSM8K solutions use, followed by one space and the number,
-# exactly as verl's gsm8k reward matches it ("####72" without the space
-# does not count: strict mode also checks the model learned the format).
-_STRICT_RE = re.compile(r"#### (\-?[0-9\.\,\$]+)")
-# Any run of number-ish characters; candidates without a digit are dropped.
-_FLEXIBLE_RE = re.compile(r"(\-?[0-9\.\,\$]+)")
-_METHODS = ("strict", "flexible")
+# verl's readings: the marker, one space, then the number ("####72" does not count: strict mode also checks the
+# model learned the format), matched on the last 300 characters (verl's _SOLUTION_CLIP_CHARS).
+_STRICT_RE = re.compile(r"#### (\-?[0-9\.\,]+)")
+_FLEXIBLE_RE = re.compile(r"(\-?[0-9\.\,]+)")
+_CLIP_CHARS = 300
+# The lenient readings also take '$' inside the number.
+_LENIENT_RE = re.compile(r"#### (\-?[0-9\.\,\$]+)")
+_LENIENT_FLEXIBLE_RE = re.compile(r"(\-?[0-9\.\,\$]+)")
+_METHODS = ("strict", "flexible", "lenient", "lenient_flexible")
 
 
 def _clean_number(raw: str) -> str | None:
@@ -33,12 +37,12 @@ def _clean_number(raw: str) -> str | None:
 
 
 def extract_gsm8k_answer(text: str, method: str = "strict") -> str | None:
-    """Return the final numeric answer in `text` as a cleaned string, or None.
+    """Return the final numeric answer in `text` as a string, or None (see the module docstring).
 
-    strict:   the number right after the LAST "#### " marker.
-    flexible: the last number anywhere in the text (no marker needed).
-    The result has commas, '$' and a trailing '.' removed; it is not
-    otherwise normalised ("72.0" stays "72.0", see the module docstring).
+    strict:           verl's: the number right after the LAST "#### " marker, commas removed.
+    flexible:         verl's: the last number anywhere (no marker needed), as written.
+    lenient:          the number after the last marker, commas, '$' and a trailing '.' removed.
+    lenient_flexible: the last number anywhere, cleaned as lenient.
     """
     if method not in _METHODS:
         raise ValueError(
@@ -49,9 +53,14 @@ def extract_gsm8k_answer(text: str, method: str = "strict") -> str | None:
             f"extract_gsm8k_answer: text must be a str, got "
             f"{type(text).__name__} {text!r}; decode token ids first")
     if method == "strict":
-        matches = _STRICT_RE.findall(text)
+        matches = _STRICT_RE.findall(text[-_CLIP_CHARS:])
+        return matches[-1].replace(",", "") if matches else None
+    if method == "flexible":
+        return next((m for m in reversed(_FLEXIBLE_RE.findall(text[-_CLIP_CHARS:])) if m not in ("", ".")), None)
+    if method == "lenient":
+        matches = _LENIENT_RE.findall(text)
         return _clean_number(matches[-1]) if matches else None
-    for raw in reversed(_FLEXIBLE_RE.findall(text)):
+    for raw in reversed(_LENIENT_FLEXIBLE_RE.findall(text)):
         cleaned = _clean_number(raw)
         if cleaned is not None:
             return cleaned
@@ -64,7 +73,7 @@ def _gsm8k_truth(ground_truth) -> str | None:
     text = str(ground_truth).strip()
     if "####" in text:
         # A full GSM8K solution: its answer is what follows the last marker.
-        return extract_gsm8k_answer(text, method="strict")
+        return extract_gsm8k_answer(text, method="lenient")
     return _clean_number(text)
 
 
