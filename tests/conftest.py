@@ -50,6 +50,33 @@ def tool_model_path(tmp_path_factory):
     return build_tool_model(tmp_path_factory.mktemp("agent"))
 
 
+@pytest.fixture(scope="session")
+def warm_start_accuracy(warm_start_dir, tokenizer, addition) -> float:
+    """The untrained (warm start) greedy accuracy on `addition`'s 100 test problems, measured in this run."""
+    from transformers import AutoModelForCausalLM
+
+    from verl_hf.demo.sft import greedy_accuracy
+
+    return greedy_accuracy(AutoModelForCausalLM.from_pretrained(warm_start_dir), tokenizer, addition[1])
+
+
+def assert_learned(before: float, after: float, least_gain: float, problems: int) -> None:
+    """Held-out accuracy rose by `least_gain` or more from the untrained accuracy `before`, both measured in the
+    test. Each bar sits at least 5 problems (5 / `problems`) under the gain of one measured run on each CPU kind
+    (the figures in the test's comment); with LEARNING_FIGURES=path every result is appended there as a JSON line
+    (where those figures come from: `LEARNING_FIGURES=gains.jsonl make test`)."""
+    gain = after - before
+    if os.environ.get("LEARNING_FIGURES"):
+        import json
+
+        with open(os.environ["LEARNING_FIGURES"], "a") as out:
+            out.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0], "before": before,
+                                  "after": after, "gain_problems": round(gain * problems, 1),
+                                  "bar_problems": round(least_gain * problems, 1)}) + "\n")
+    assert gain >= least_gain, (f"accuracy {before:.3f} -> {after:.3f}: {gain * problems:+.0f} of {problems} problems, "
+                                f"under the bar of {least_gain * problems:+.0f}")
+
+
 def small_config(tmp_path, **overrides):
     from verl_hf import VerlConfig
 

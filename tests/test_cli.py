@@ -64,3 +64,12 @@ def test_yaml_numbers_and_nulls_get_field_types(tmp_path):
     script, cfg = parse_config(str(config), ["--max_steps", "3"])
     assert cfg.learning_rate == 1e-5 and cfg.kl_coef == 1e-3 and cfg.reward_weights == [1.0, 0.5]
     assert cfg.eval_do_sample is True and cfg.max_steps == 3 and script.dataset_test_split is None
+
+
+def test_a_flag_says_null_as_the_yaml_does():
+    """`--field null` is None for a field that admits None (as `field: null` in the file), also over a file's
+    value; `null` for a field that cannot be None is refused by name instead of kept as the string 'null'."""
+    script, cfg = parse_config(str(DEMO_CONFIG), ["--dataset_test_split", "null", "--clip_ratio_low=null"])
+    assert script.dataset_test_split is None and cfg.clip_ratio_low is None
+    with pytest.raises(ValueError, match="--max_steps null: max_steps cannot be None"):
+        parse_config(str(DEMO_CONFIG), ["--max_steps", "null"])

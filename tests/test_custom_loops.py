@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import small_config
+from conftest import assert_learned, small_config
 from verl_hf import Actor, VerlTrainer
 from verl_hf.algorithms import grpo_advantages, place_outcome_rewards, ppo_clip_loss
 from verl_hf.demo.sft import greedy_accuracy
@@ -19,17 +19,19 @@ def _mean(values):
     return sum(values) / len(values)
 
 
-def test_custom_loop_ppo_learns(addition):
+# Gains over the warm start's 0.27 on these 100 problems, 60 steps: custom PPO +13 or more on an AMD EPYC, +9 on an
+# Intel Xeon with AMX (+9 at 100 steps too: its bar of +7 has 2 problems of margin there, short of the 5 we
+# want); custom ReMax +8 on the Intel Xeon.
+def test_custom_loop_ppo_learns(addition, warm_start_accuracy):
     history, actor = runpy.run_path(str(EXAMPLES / "custom_loop_ppo.py"))["main"](steps=60, seed=0)
     assert _mean(history[-20:]) > _mean(history[:20]), history
-    # warm start 0.315; measured 0.40+ on an AMD EPYC, 0.36 on an Intel Xeon with AMX (another trajectory)
-    assert greedy_accuracy(actor.model, actor.tokenizer, addition[1]) >= 0.34
+    assert_learned(warm_start_accuracy, greedy_accuracy(actor.model, actor.tokenizer, addition[1]), 0.07, 100)
 
 
-def test_custom_loop_remax_learns(addition):
+def test_custom_loop_remax_learns(addition, warm_start_accuracy):
     history, actor = runpy.run_path(str(EXAMPLES / "custom_loop_remax.py"))["main"](steps=60, seed=0)
     assert _mean(history[-10:]) > _mean(history[:10]) + 0.02, history
-    assert greedy_accuracy(actor.model, actor.tokenizer, addition[1]) >= 0.30
+    assert_learned(warm_start_accuracy, greedy_accuracy(actor.model, actor.tokenizer, addition[1]), 0.03, 100)
 
 
 def test_trainer_and_custom_loop_give_identical_first_loss(tmp_path, warm_start_dir, addition):

@@ -61,7 +61,7 @@ def test_refill_stream_and_seeds_continue_after_a_round_trip():
     assert restored.for_rows(0, 5, 2, 0) == seeds.for_rows(0, 5, 2, 0)
 
 
-def test_metric_buffer_means_and_timer():
+def test_metric_buffer_pools_means_extremes_and_timer():
     metrics = MetricBuffer()
     metrics.record({"reward/mean": 1.0})
     metrics.record({"reward/mean": 0.0, "kl": 0.5})
@@ -70,8 +70,11 @@ def test_metric_buffer_means_and_timer():
     assert clock.seconds >= 0 and metrics.values["time/rollout"] == [clock.seconds]
     copy = MetricBuffer()
     copy.load_state_dict(metrics.state_dict())
-    means = copy.pooled_means(world_size=1)
-    assert means["reward/mean"] == 0.5 and means["kl"] == 0.5 and not copy.values  # cleared once logged
+    copy.record({"response_length/max": 7.0, "advantages/min": -1.0})
+    copy.record({"response_length/max": 3.0, "advantages/min": -2.0})
+    pooled = copy.pooled(world_size=1)
+    assert pooled["reward/mean"] == 0.5 and pooled["kl"] == 0.5 and not copy.values  # cleared once logged
+    assert pooled["response_length/max"] == 7.0 and pooled["advantages/min"] == -2.0  # extremes stay extremes
 
 
 def test_piece_metrics_are_token_weighted_and_value_losses_summed():

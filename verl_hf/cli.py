@@ -46,16 +46,44 @@ def parse_config(config_path: str | None, overrides: list[str]):
                          f"valid ones.")
     # YAML values go through the same argument parser as flags (so "1e-5" becomes a float, lists and
     # booleans get their field types); flags after the file come later and win. YAML nulls are set after.
-    namespace = parser.parse_args(_as_argv(values) + list(overrides))
+    overrides, nulls = _flags_set_to_null(list(overrides), (ScriptArguments, VerlConfig))
+    namespace = parser.parse_args(_as_argv(values) + overrides)
     given = {arg.lstrip("-").split("=")[0] for arg in overrides if arg.startswith("--")}
     for key, value in values.items():
         if value is None and key not in given:
             setattr(namespace, key, None)
+    for key in nulls:
+        setattr(namespace, key, None)
     outputs = []
     for dtype in (ScriptArguments, VerlConfig):
         names = {f.name for f in fields(dtype) if f.init}
         outputs.append(dtype(**{k: v for k, v in vars(namespace).items() if k in names}))
     return tuple(outputs)
+
+
+def _flags_set_to_null(overrides: list[str], dtypes) -> tuple[list[str], list[str]]:
+    """(the other flags, the fields given as `--field null`): YAML's spelling of None, so that a flag can say what
+    a file can, for a field whose type admits None; `null` for one that cannot be None is refused by name rather
+    than parsed as a value."""
+    import typing
+
+    optional = {name for dtype in dtypes for name, hint in typing.get_type_hints(dtype).items()
+                if type(None) in typing.get_args(hint)}
+    rest, nulls, i = [], [], 0
+    while i < len(overrides):
+        arg = overrides[i]
+        key, eq, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
+        if not eq and key and i + 1 < len(overrides):
+            value = overrides[i + 1]
+        if key and value == "null":
+            if key not in optional:
+                raise UsageError(f"--{key} null: {key} cannot be None; give it a value or leave the flag out.")
+            nulls.append(key)
+            i += 1 if eq else 2
+            continue
+        rest.append(arg)
+        i += 1
+    return rest, nulls
 
 
 def _as_argv(values: dict) -> list[str]:

@@ -259,8 +259,11 @@ class RoundBuilder:
             self.constraint.observe_round(batch, step, self.metrics)
             batch.advantages, batch.cost_returns = self.constraint.advantages(
                 batch, batch.advantages, token_rewards, estimate, self.metrics)
+        response_advantages = batch.advantages[mask.bool()]
         self.metrics.record({"advantages/mean": masked_mean(batch.advantages, mask).item(),
-                             "advantages/abs_mean": masked_mean(batch.advantages.abs(), mask).item()})
+                             "advantages/abs_mean": masked_mean(batch.advantages.abs(), mask).item(),
+                             "advantages/max": response_advantages.max().item() if response_advantages.numel() else 0.0,
+                             "advantages/min": response_advantages.min().item() if response_advantages.numel() else 0.0})
         return batch, kl_in_reward
 
     def estimate(self, batch: RolloutBatch, token_rewards: torch.Tensor, values) -> tuple:

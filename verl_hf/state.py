@@ -62,21 +62,27 @@ class MetricBuffer:
         clock.seconds = time.perf_counter() - started
         self.record({f"time/{phase}": clock.seconds})
 
-    def pooled_means(self, world_size: int) -> dict[str, float]:
-        """Mean of every recorded metric over all processes (every rank calls this together), then cleared."""
-        local = {k: [sum(v), len(v)] for k, v in self.values.items() if v}
+    def pooled(self, world_size: int) -> dict[str, float]:
+        """Every recorded metric over all processes and the steps since the last log (every rank calls this
+        together), then cleared: the mean, or for a name ending in `max` or `min` (`response_length/max`,
+        `advantages/min`) the largest or smallest value, so that a maximum stays a maximum when it is pooled."""
+        local = {k: (sum(v), len(v), max(v), min(v)) for k, v in self.values.items() if v}
         self.values.clear()
+        parts = [local]
         if world_size > 1:
             from accelerate.utils import gather_object
 
-            pooled: dict[str, list[float]] = {}
-            for part in gather_object([local]):
-                for k, (total, count) in part.items():
-                    pooled.setdefault(k, [0.0, 0])
-                    pooled[k][0] += total
-                    pooled[k][1] += count
-            local = pooled
-        return {k: total / count for k, (total, count) in local.items()}
+            parts = gather_object([local])
+        pooled = {}
+        for key in dict.fromkeys(k for part in parts for k in part):
+            rows = [part[key] for part in parts if key in part]
+            if key.endswith("max"):
+                pooled[key] = max(row[2] for row in rows)
+            elif key.endswith("min"):
+                pooled[key] = min(row[3] for row in rows)
+            else:
+                pooled[key] = sum(row[0] for row in rows) / sum(row[1] for row in rows)
+        return pooled
 
     def state_dict(self) -> dict:
         return {"values": dict(self.values)}

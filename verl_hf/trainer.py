@@ -289,9 +289,9 @@ class VerlTrainer(Trainer):
         return metrics
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """Adds the RL metrics gathered since the last log (means over steps and processes) to training logs."""
+        """Adds the RL metrics gathered since the last log (pooled over steps and processes) to training logs."""
         if not self._evaluating:
-            logs = {**logs, **self.metrics.pooled_means(self.args.world_size)}
+            logs = {**logs, **self.metrics.pooled(self.args.world_size)}
         super().log(logs, start_time)
 
     # ------------------------------------------------------------------ saving, publishing, checkpoints
