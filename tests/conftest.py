@@ -62,9 +62,9 @@ def warm_start_accuracy(warm_start_dir, tokenizer, addition) -> float:
 
 def assert_learned(before: float, after: float, least_gain: float, problems: int) -> None:
     """Held-out accuracy rose by `least_gain` or more from the untrained accuracy `before`, both measured in the
-    test. Each bar sits at least 5 problems (5 / `problems`) under the gain of one measured run on each CPU kind
-    (the figures in the test's comment); with LEARNING_FIGURES=path every result is appended there as a JSON line
-    (where those figures come from: `LEARNING_FIGURES=gains.jsonl make test`)."""
+    test. A bar is meant to sit at least 5 problems (5 / `problems`) under the gain of one measured run on each CPU
+    kind; the test's comment gives those figures and says where a bar does not have that margin yet. With
+    LEARNING_FIGURES=path every result is appended there as a JSON line (`LEARNING_FIGURES=gains.jsonl make test`)."""
     gain = after - before
     if os.environ.get("LEARNING_FIGURES"):
         import json
