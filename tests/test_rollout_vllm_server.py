@@ -100,14 +100,14 @@ def test_server_returns_what_the_hf_engine_returns(server):
 
 
 def test_grpo_with_the_server_learns_the_demo_task(server, tmp_path, addition):
-    """100 GRPO steps sampling from the server (synced before every rollout, per-prompt seeds) lift held-out
-    greedy accuracy (measured 0.27 -> 0.49 on an AMD EPYC, the HF engine on the same run: 0.48; 0.27 -> 0.38 on
-    an Intel Xeon with AMX, whose kernels take another trajectory: +11 problems there against the bar of +8, 3 of
-    margin, short of the 5 we want)."""
+    """150 GRPO steps sampling from the server (synced before every rollout, per-prompt seeds) lift held-out
+    greedy accuracy. Measured on an Intel Xeon with AMX: 0.27 -> 0.51 (+24 problems against the bar of +15; the
+    same run read 0.38 at step 100 and 0.27 at step 75, hence 150 steps rather than a lower bar); 0.27 -> 0.49 at
+    100 steps on an AMD EPYC (the HF engine on the same run: 0.48)."""
     from verl_hf import VerlTrainer
 
     train, test = addition
-    args = small_config(tmp_path, per_device_train_batch_size=128, max_steps=100, logging_steps=20,
+    args = small_config(tmp_path, per_device_train_batch_size=128, max_steps=150, logging_steps=25,
                         rollout_engine="vllm_server", vllm_server_url=server, rollout_seed_per_prompt=True)
     trainer = VerlTrainer(model=WARM_START, args=args, train_dataset=train, eval_dataset=test)
     before = trainer.evaluate()["eval_accuracy"]
@@ -115,7 +115,7 @@ def test_grpo_with_the_server_learns_the_demo_task(server, tmp_path, addition):
     after = trainer.evaluate()["eval_accuracy"]
     logs = [h for h in trainer.state.log_history if "reward/mean" in h]
     assert all(h["sync/gigabytes"] > 0 for h in logs)
-    assert_learned(before, after, 0.08, problems=100)
+    assert_learned(before, after, 0.15, problems=100)
 
 
 def test_server_errors_name_the_fix(server, tmp_path):
