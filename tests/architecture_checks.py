@@ -6,6 +6,7 @@ to use it is per process). argv: model path, output directory, JSON file for the
 checks in this order, each with its own fields on top of the common ones; the figures are then a list."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -22,3 +23,9 @@ else:  # written after each run: if the process dies in one, the figures of thos
     for i, run in enumerate(runs):
         done.append(check(path, Path(out_dir) / f"run{i}", rollout_engine="vllm", **{**overrides, **run}))
         write(done, Path(figures_file))
+
+# The figures are written: skip the interpreter's teardown (vLLM's shutdown collects garbage, then ~4,000 modules
+# are freed: 3.6 s of the ~27 s a family takes, measured), which this check does not look at. Thirteen families.
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
