@@ -20,8 +20,8 @@ def _mean(values):
 
 
 # Gains over the warm start's 0.27 on these 100 problems, 60 steps, on an Intel Xeon with AMX: custom PPO +24 with
-# one mini-batch of 64 per rollout (2 epochs; +9 with two of 32, which an AMD EPYC took to +13), against its bar of
-# +13 (the old absolute 0.40); custom ReMax +8 against +3.
+# one mini-batch of 64 per rollout (2 epochs; +9 with two of 32, which an AMD EPYC took to +13; the new setting is
+# not yet measured there), against its bar of +13 (the old absolute 0.40); custom ReMax +8 against +3.
 def test_custom_loop_ppo_learns(addition, warm_start_accuracy):
     history, actor = runpy.run_path(str(EXAMPLES / "custom_loop_ppo.py"))["main"](steps=60, seed=0)
     assert _mean(history[-20:]) > _mean(history[:20]), history
