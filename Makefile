@@ -30,8 +30,11 @@ $(VENV)/.installed-vllm: $(VENV)/.installed
 demo: install
 	$(VENV)/bin/verl-hf demo $(ARGS)
 
+# Two workers (pytest-xdist), a file's tests on one of them: its built models, servers and engine processes are
+# shared within the file. tests/conftest.py makes the workers' OpenMP threads sleep while they wait.
+TEST_WORKERS ?= 2
 test: install $(VENV)/.installed-vllm
-	$(PY) -m pytest -q -p no:cacheprovider tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests $(PYTEST_ARGS)
 
 # The fast tier for the edit loop (about a minute): the math, config, data, batch, rewards and sandbox unit tests.
 # No vLLM, no training run longer than a step. `make test` stays the whole suite (what CI runs).

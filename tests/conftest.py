@@ -8,6 +8,12 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_DISABLED", "true")
+# `make test` runs two pytest workers on the 2 cores (pytest-xdist). OpenMP threads that spin while they wait take
+# the cores from the other worker's threads: a learning test took 150 s beside a copy of itself instead of 12 s
+# alone; with waiting threads asleep the pair takes 17 s (Intel Xeon, 2 cores). Only how threads wait changes, not
+# how many there are, so every figure a test computes is the same as in one process (one thread would change them).
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest  # noqa: E402
 
