@@ -7,7 +7,7 @@ scalar loss plus float metrics, reduced by ``agg_loss`` with a ``LossNorm`` whos
 normalisers make micro-batch gradient accumulation exact; ``kl_penalty``
 gives per-token KL(pi || pi_ref) estimates (k1/k2/k3/abs and straight-through
 '+' variants); ``utils`` holds NaN-safe masked reductions and memory-light
-logit helpers.  Estimators and losses live in name registries so a config
+logit helpers; ``off_policy`` the per-token staleness and proximal log-probs of asynchronous training.  Estimators and losses live in name registries so a config
 string selects them and users add their own with ``@register_advantage`` /
 ``@register_policy_loss``; ``advantage_spec`` / ``policy_loss_spec`` say what each needs
 (values, groups, a greedy baseline; hyper-parameters and their defaults).
@@ -43,6 +43,7 @@ from .losses import LOSS_AGG_MODES, LossNorm, agg_loss, sequence_count, value_lo
 from .advantages import SINGLETON_ADVANTAGES, gae_advantages, grpo_advantages, remax_advantages, rloo_advantages
 from .policy_losses import ClippedSurrogate, clipped_surrogate, ppo_clip_loss, reinforce_loss  # registers every loss
 from .rollout_correction import IS_LEVELS, IS_MODES, rollout_is_weights
+from .off_policy import PROXIMAL_METHODS, loglinear_proximal_logprobs, staleness_metrics, token_staleness
 from .lagrangian import lagrange_multiplier_step, lagrangian_advantages, unsafe_rate
 from .kl_control import KL_CONTROLLERS, AdaptiveKLController, FixedKLController, PIDKLController, make_kl_controller
 
@@ -92,6 +93,10 @@ __all__ = [
     "IS_LEVELS",
     "IS_MODES",
     "rollout_is_weights",
+    "PROXIMAL_METHODS",
+    "loglinear_proximal_logprobs",
+    "staleness_metrics",
+    "token_staleness",
     "lagrange_multiplier_step",
     "lagrangian_advantages",
     "unsafe_rate",
