@@ -176,16 +176,26 @@ class RoundBatchSampler:
         self.epoch = epoch
 
     def __iter__(self):
-        if self.shuffle:
-            order = torch.randperm(self.num_rows, generator=torch.Generator().manual_seed(self.seed + self.epoch))
-        else:
-            order = torch.arange(self.num_rows)
-        per_round = self.prompts_per_round
+        order = self._order(self.epoch)
         for r in range(self.num_rounds):
-            start = (r * self.num_processes + self.process_index) * per_round
-            indices = order[start : start + per_round].tolist()
+            indices = self._indices(order, r)
             for _ in range(self.repeats):
                 yield indices
+
+    def round_indices(self, round_number: int) -> list[int]:
+        """This process's prompt indices of round `round_number`, counted over epochs from the run's start (what
+        iterating epoch `round_number // num_rounds` yields there): asynchronous training samples rounds ahead."""
+        epoch, r = divmod(round_number, self.num_rounds)
+        return self._indices(self._order(epoch), r)
+
+    def _order(self, epoch: int) -> torch.Tensor:
+        if self.shuffle:
+            return torch.randperm(self.num_rows, generator=torch.Generator().manual_seed(self.seed + epoch))
+        return torch.arange(self.num_rows)
+
+    def _indices(self, order: torch.Tensor, r: int) -> list[int]:
+        start = (r * self.num_processes + self.process_index) * self.prompts_per_round
+        return order[start : start + self.prompts_per_round].tolist()
 
     def __len__(self) -> int:
         return self.num_rounds * self.repeats
@@ -226,11 +236,15 @@ class RLHFDataset:
 def round_dataloader(dataset, args, collate_fn) -> "RoundDataLoader":
     """The training dataloader: each round's prompt rows, repeated once per micro-step the round feeds, this
     process's share of them."""
-    sampler = RoundBatchSampler(len(dataset), args.prompts_per_round, args.micro_steps_per_round,
-                                num_processes=args.world_size, process_index=args.process_index,
-                                seed=args.data_seed or args.seed)
-    return RoundDataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn,
+    return RoundDataLoader(dataset, batch_sampler=round_sampler(len(dataset), args), collate_fn=collate_fn,
                            num_workers=args.dataloader_num_workers)
+
+
+def round_sampler(num_rows: int, args) -> RoundBatchSampler:
+    """The training dataloader's round sampler (asynchronous training asks it for rounds ahead)."""
+    return RoundBatchSampler(num_rows, args.prompts_per_round, args.micro_steps_per_round,
+                             num_processes=args.world_size, process_index=args.process_index,
+                             seed=args.data_seed or args.seed)
 
 
 def prompt_batch(rows: list[dict], max_response_length: int | None = None) -> dict:

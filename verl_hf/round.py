@@ -88,7 +88,10 @@ class RoundBuilder:
 
     def build(self, rows: list[dict], step: int, micro_step: int = 0) -> PlannedRound:
         """The round for these prompt rows at optimizer step `step` (seeds and lambda's delay read it)."""
-        batch = self.score(self.sample(rows, step))                    # 1-2. sample responses, score them
+        return self.plan(self.score(self.sample(rows, step)), step, micro_step)  # 1-2. sample, score them
+
+    def plan(self, batch: RolloutBatch, step: int, micro_step: int = 0) -> PlannedRound:
+        """The round from its sampled and scored batch (asynchronous training samples and scores it ahead)."""
         batch = self.keep_informative_groups(batch, step, micro_step)  # 2b. DAPO dynamic sampling
         batch = self.exclude_unscored(batch)                           # 2c. unscored rows leave the loss
         batch = self.add_greedy_baselines(batch)                       # 2d. ReMax baselines
@@ -98,34 +101,36 @@ class RoundBuilder:
         batch, kl_in_reward = self.compute_advantages(batch, step)     # 4. advantages (pure math)
         return PlannedRound(batch, self.plan_micro_batches(batch), kl_in_reward)
 
-    def sample(self, rows: list[dict], step: int) -> RolloutBatch:
-        seeds = None
+    def sample(self, rows: list[dict], step: int, metrics: MetricBuffer | None = None) -> RolloutBatch:
+        """`metrics`: where the rollout's metrics go (default: the builder's; a producer thread keeps its own)."""
+        metrics, seeds = (self.metrics if metrics is None else metrics), None
         if self.settings.rollout_seed_per_prompt:
             seeds = self.seeds.for_rows(self.settings.seed, step, len(rows), self.settings.process_index * len(rows))
-        with self.metrics.timer("rollout") as clock:
+        with metrics.timer("rollout") as clock:
             batch, turn_metrics = generate(self.actor, rows, self.multi_turn, row_seeds=seeds,
                                            **sampling_kwargs(self.settings.sampling, train=True))
-        self.metrics.record(turn_metrics)
+        metrics.record(turn_metrics)
         lengths = batch.response_mask.sum(dim=1).float()
-        self.metrics.record({
+        metrics.record({
             "response_length/mean": lengths.mean().item(), "response_length/max": lengths.max().item(),
             "response_length/truncated_frac": batch.truncated.float().mean().item(),
             "rollout/tokens_per_s": lengths.sum().item() / max(clock.seconds, 1e-9),
         })
         return batch
 
-    def score(self, batch: RolloutBatch) -> RolloutBatch:
+    def score(self, batch: RolloutBatch, metrics: MetricBuffer | None = None) -> RolloutBatch:
         """Rewards (and, through the constraint, costs); `valid` says which rows some function scored."""
-        with self.metrics.timer("reward"):
+        metrics = self.metrics if metrics is None else metrics
+        with metrics.timer("reward"):
             batch.rewards, result, penalty = self.rewards.rewards(batch)
-        self.metrics.record({**result.metrics(), **episode_reward_metrics(batch, result.valid)})
+        metrics.record({**result.metrics(), **episode_reward_metrics(batch, result.valid)})
         device = batch.response_mask.device
         batch.reward_per_function, batch.valid = result.per_function.to(device), result.valid.to(device)
         if self.settings.overlong_buffer_len:
-            self.metrics.record({"reward/overlong_penalty": penalty.mean().item()})
-        batch = self.constraint.score(batch, self.metrics)
+            metrics.record({"reward/overlong_penalty": penalty.mean().item()})
+        batch = self.constraint.score(batch, metrics)
         if not bool(batch.valid.all()):
-            self.metrics.record({"reward/excluded_frac": 1.0 - batch.valid.float().mean().item()})
+            metrics.record({"reward/excluded_frac": 1.0 - batch.valid.float().mean().item()})
         return batch
 
     def keep_informative_groups(self, batch: RolloutBatch, step: int, micro_step: int) -> RolloutBatch:

@@ -22,6 +22,7 @@ from transformers.trainer_utils import speed_metrics
 
 from . import publish, saving
 from . import trainer_setup as setup
+from .asynchronous import make_rounds
 from .checkpoint import CheckpointSettings, RLCheckpoint
 from .config import fsdp_version_wanted
 from .data import keep_rows, prepare_datasets, round_dataloader
@@ -136,6 +137,8 @@ class VerlTrainer(Trainer):
             constraint=self.constraint, kl_controller=self.kl_ctrl, metrics=self.metrics,
             train_dataset=self.train_dataset, reduce_sum=self._reduce_sum, precision=self.accelerator.autocast,
             multi_turn=self.multi_turn)
+        self.rounds = make_rounds(args, self.round_builder, self.actor, self.metrics, self.train_dataset,
+                                  self.data_collator, last_step=lambda: self.state.max_steps)
         self.policy_update = PolicyUpdate(UpdateSettings.of(args), self.kl_ctrl)
         self.critics = [(self.critic, "values", "returns", "critic")] if self.critic is not None else []
         self.critics += self.constraint.critics()
@@ -177,6 +180,7 @@ class VerlTrainer(Trainer):
         self.kl_meter.reset()
         self.round_in_progress.restart_at_boundary(self.args.micro_steps_per_round)
         self.actor.mark_weights_changed()
+        self.rounds.reset()  # rounds sampled ahead came from the weights rolled back
 
     # ------------------------------------------------------------------ the RL step
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
@@ -184,7 +188,11 @@ class VerlTrainer(Trainer):
         resume_from_checkpoint = saving.resolve_resume(resume_from_checkpoint, self.args.output_dir)
         self.round_in_progress.needs_position = True  # a resumed run may start in the middle of a round
         self.actor.mark_weights_changed()  # a resume loads other weights after any earlier sync
-        return super().train(resume_from_checkpoint, *args, **kwargs)
+        self.rounds.reset()  # nothing sampled ahead by an earlier train() or before the resume
+        try:
+            return super().train(resume_from_checkpoint, *args, **kwargs)
+        finally:
+            self.rounds.close()  # the producer stops with the run, however it ends
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         """One micro-step. The first micro-step of a round samples and prepares the whole round."""
@@ -192,20 +200,13 @@ class VerlTrainer(Trainer):
         progress.place(self.state.global_step, args.gradient_accumulation_steps, args.micro_steps_per_round)
         if progress.starts_new(args.micro_steps_per_round):
             self.kl_meter.update_controller(self.kl_ctrl, args.kl_controller, self._reduce_sum, args.device)  # 0
-            self._sync_engine_weights()                                         # 0b. weights into the engine
-            planned = self.round_builder.build(inputs, self.state.global_step, progress.micro_step)  # 1-4. round
+            # 0b-4. weights into the engine, then the round sampled, scored and planned (or sampled ahead)
+            planned = self.rounds.next_round(inputs, self.state.global_step, progress.micro_step)
             progress.start(planned)                                             # 4b. the round to train on
             self.kl_meter.observe_reward_kl(planned.kl_in_reward)               # 4c. KL in the reward (control)
             self.actor.engine.sleep()                                           # 4d. vLLM sleep mode: memory
         micro_batch = progress.take_next(args.micro_steps_per_round)
         return self._update(model, micro_batch)                                 # 5. losses and backward
-
-    def _sync_engine_weights(self) -> None:
-        """Only for an engine with its own weights (verl_hf.sync), and only after the weights changed."""
-        if self.actor.engine_is_stale:
-            with self.metrics.timer("sync"):
-                sync_metrics = self.actor.sync_weights()
-            self.metrics.record(sync_metrics)
 
     def _update(self, model, mb) -> torch.Tensor:
         """Actor loss and backward (skipped during critic warm-up), then the critics' (PPO, Safe-RLHF), once per
@@ -276,9 +277,9 @@ class VerlTrainer(Trainer):
             return metrics
         dataset = as_eval_prompts(dataset, self.processing_class, self.args, metric_key_prefix, self.multi_turn)
         started = time.time()
-        self._sync_engine_weights()
-        metrics = evaluate_rewards(self.actor, self.rewards, self.constraint, dataset, self.args, metric_key_prefix,
-                                   self.multi_turn)
+        with self.rounds.engine_held(self.state.global_step):  # the trainer's weights; no producer meanwhile
+            metrics = evaluate_rewards(self.actor, self.rewards, self.constraint, dataset, self.args,
+                                       metric_key_prefix, self.multi_turn)
         metrics.update(speed_metrics(metric_key_prefix, started, num_samples=len(dataset)))
         self._evaluating = True
         try:

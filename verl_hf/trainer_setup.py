@@ -128,6 +128,9 @@ def make_multi_turn(args: VerlConfig, tools, environment, tokenizer):
     if args.routing_replay:
         raise ValueError("routing_replay does not support multi-turn rollouts yet (the environment's tokens have no "
                          "recorded routes); drop one of them.")
+    if args.max_staleness:
+        raise ValueError(f"max_staleness={args.max_staleness} cannot run with multi-turn rollouts (tools= or "
+                         f"environment=): they are not produced ahead yet. Set max_staleness=0 for this setup.")
     tool_map = as_tools(specs)
     schemas = [t.schema for t in tool_map.values()] or None
     tool_call_parser(args.tool_call_parser)

@@ -66,6 +66,8 @@ class Actor(TrainableRole):
                              f"engine with load_weights (receives_weights=True), or HFSharedEngine on a ZeRO-3 "
                              f"policy itself.")
         self._engine_stale = self.weight_sync is not None
+        # False under asynchronous training: its producer samples from the weights the engine has (asynchronous.py)
+        self.sync_on_sample = True
         self.routing = self._routing_replay(model) if routing_replay else None
 
     # ---------------------------------------------------------------- sampling
@@ -115,7 +117,7 @@ class Actor(TrainableRole):
 
     def fresh_engine(self) -> RolloutEngine:
         """The rollout engine, its weights synced first if the policy changed since the last sync."""
-        if self._engine_stale:
+        if self._engine_stale and self.sync_on_sample:
             self.sync_weights()
         return self.engine
 

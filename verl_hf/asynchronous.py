@@ -1,0 +1,231 @@
+"""Where the trainer's rounds come from: sampled when the step needs them, or ahead of it by a producer thread.
+
+Both sources give `next_round(rows, step, micro_step) -> PlannedRound`, own the engine's weight push, and lend
+the engine to evaluation at the trainer's weights (`engine_held`).
+
+`SynchronousRounds` (max_staleness=0): push the weights if they changed, then sample, score and plan the round,
+as every step did before asynchronous training existed.
+
+`AsynchronousRounds` (max_staleness=k >= 1): a thread samples and scores the rounds to come (their prompts are
+the dataloader's: the round sampler gives any round's indices) while the trainer updates on the current one.
+The round that trains optimizer step s is sampled by weights that had seen at least s - k steps: the producer
+waits at that bound instead of sampling rounds that would be too old, so nothing is dropped for age (dropping
+stale samples drops the slow, long ones first and biases the data towards short answers). Generation and the
+weight push never overlap (one lock): the trainer pushes whenever the engine is behind and the producer is
+between generations, and does not wait for it otherwise. The trainer then plans the round (reference and
+proximal log-probs, values, advantages) with its own current weights; rollout_is corrects for the sampling
+policy (AReaL's decoupled PPO, algorithms/off_policy.py). A checkpoint does not hold the rounds sampled ahead:
+a resumed run samples them again from the resumed weights.
+
+See it work: tests/test_asynchronous.py
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .algorithms import staleness_metrics
+from .batch import RolloutBatch
+from .data import round_sampler
+from .state import MetricBuffer
+
+POLL_S = 0.05  # how often a waiting trainer looks for an error, a finished round or an idle engine
+JOIN_S = 120  # how long close() waits for the generation the producer is in (an HTTP call cannot be cut short)
+
+
+def make_rounds(args, builder, actor, metrics: MetricBuffer, train_dataset, collate, last_step: Callable[[], int]):
+    """The source the config asks for; `collate` turns dataset rows into what the dataloader yields."""
+    if args.max_staleness == 0:
+        return SynchronousRounds(builder, actor, metrics)
+    sampler = []  # built at the first round: the dataset's size is known by then
+
+    def rows_of_round(number: int) -> list[dict]:
+        if not sampler:
+            sampler.append(round_sampler(len(train_dataset), args))
+        return collate([train_dataset[i] for i in sampler[0].round_indices(number)])
+
+    return AsynchronousRounds(builder, actor, metrics, rows_of_round, max_staleness=args.max_staleness,
+                              steps_per_round=args.micro_steps_per_round // args.gradient_accumulation_steps,
+                              last_step=last_step)
+
+
+class SynchronousRounds:
+    """Holds nothing between rounds: each is sampled, scored and planned when the step asks for it."""
+
+    def __init__(self, builder, actor, metrics: MetricBuffer):
+        self.builder, self.actor, self.metrics = builder, actor, metrics
+
+    def next_round(self, rows: list[dict], step: int, micro_step: int):
+        self.push(step)                                       # 0b. weights into the engine
+        return self.builder.build(rows, step, micro_step)     # 1-4. sample, score, plan
+
+    def push(self, step: int) -> None:
+        """Only for an engine with its own weights (verl_hf.sync), and only after the weights changed."""
+        if self.actor.engine_is_stale:
+            with self.metrics.timer("sync"):
+                sync_metrics = self.actor.sync_weights()
+            self.metrics.record(sync_metrics)
+
+    @contextlib.contextmanager
+    def engine_held(self, step: int):
+        self.push(step)
+        yield
+
+    def reset(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class ProducedRound:
+    """A round sampled and scored ahead: its batch, the prompts it was sampled for, the version of the weights
+    that sampled it (the optimizer steps they had seen), and the metrics the producer recorded for it."""
+
+    batch: RolloutBatch
+    prompt_ids: list
+    version: int
+    metrics: MetricBuffer
+
+
+class AsynchronousRounds(SynchronousRounds):
+    """Holds: the producer thread, the rounds it finished (by round number), the version of the engine's weights
+    (None before the first push), the lock that keeps generation and the push apart, and the producer's error."""
+
+    def __init__(self, builder, actor, metrics: MetricBuffer, rows_of_round: Callable[[int], list[dict]], *,
+                 max_staleness: int, steps_per_round: int, last_step: Callable[[], int]):
+        """`rows_of_round(n)`: the prompt rows of round n (counted from the run's start); `last_step()`: the
+        run's max_steps (rounds that would train past it are not sampled)."""
+        super().__init__(builder, actor, metrics)
+        self.rows_of_round, self.max_staleness, self.steps_per_round = rows_of_round, max_staleness, steps_per_round
+        self.last_step = last_step
+        actor.sync_on_sample = False  # the producer samples from the weights the engine has: pushed only here
+        self._changed, self._engine = threading.Condition(), threading.Lock()
+        self._thread, self._stopping = None, False
+        self._done: dict[int, ProducedRound] = {}
+        self._next, self._version, self._error = 0, None, None
+
+    def next_round(self, rows: list[dict], step: int, micro_step: int):
+        number = step // self.steps_per_round
+        self._start_at(number)
+        produced, waited = self._take(number, step)
+        if [list(r["prompt_ids"]) for r in rows] != produced.prompt_ids:
+            raise RuntimeError(f"the round sampled ahead for step {step} has other prompts than the dataloader's; "
+                               f"please report this.")
+        for name, values in produced.metrics.values.items():
+            for value in values:
+                self.metrics.record({name: value})
+        versions = torch.full_like(produced.batch.response_mask, produced.version, dtype=torch.long)
+        with self._changed:
+            queued = len(self._done)
+        self.metrics.record({**staleness_metrics(versions, produced.batch.response_mask, step),
+                             "async/trainer_wait_s": waited, "async/queue_size": queued})
+        return self.builder.plan(produced.batch, step, micro_step)
+
+    @contextlib.contextmanager
+    def engine_held(self, step: int):
+        """The engine for evaluation, with the trainer's weights: waits for the producer's generation to end."""
+        with self._engine:
+            self._push_holding_engine(step)
+            yield
+
+    def reset(self) -> None:
+        """Drop the rounds sampled ahead (a rollback or a new `train()`); the next round starts the producer again."""
+        self.close()
+        self._stopping, self._done, self._version, self._error = False, {}, None, None
+
+    def close(self) -> None:
+        """Stop the producer (it finishes the generation it is in) and wait for its thread to end."""
+        with self._changed:
+            self._stopping = True
+            self._changed.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=JOIN_S)
+            if self._thread.is_alive():
+                warnings.warn(f"the rollout producer did not stop within {JOIN_S} s (a generation that does not "
+                              f"end?); its thread is left to end with the process.")
+            self._thread = None
+
+    # ---------------------------------------------------------------- the trainer's side
+    def _start_at(self, number: int) -> None:
+        if self._thread is None:
+            self._next = number
+            self._thread = threading.Thread(target=self._produce, name="verl_hf-rollout-producer", daemon=True)
+            self._thread.start()
+
+    def _take(self, number: int, step: int) -> tuple[ProducedRound, float]:
+        """The round `number` once the producer has it (pushing weights whenever the engine is free); the seconds
+        waited. The producer's error is raised here, with its traceback."""
+        started, pushing = time.perf_counter(), 0.0
+        while True:
+            pushing += self._push_if_free(step)
+            with self._changed:
+                if self._error is not None:
+                    raise RuntimeError(f"the rollout producer failed while sampling ahead of step {step} (its "
+                                       f"traceback above)") from self._error
+                if number in self._done:  # the push is time/sync, not waiting
+                    return self._done.pop(number), time.perf_counter() - started - pushing
+                if not self._thread.is_alive():
+                    raise RuntimeError(f"the rollout producer stopped without the round for step {step}; please "
+                                       f"report this.")
+                self._changed.wait(timeout=POLL_S)
+
+    def _push_if_free(self, step: int) -> float:
+        """Push the weights if the engine is behind and the producer is not generating; the seconds it took."""
+        if not (self.actor.engine_is_stale and self._engine.acquire(blocking=False)):
+            return 0.0
+        started = time.perf_counter()
+        try:
+            self._push_holding_engine(step)
+        finally:
+            self._engine.release()
+        return time.perf_counter() - started
+
+    def _push_holding_engine(self, step: int) -> None:
+        self.push(step)
+        with self._changed:
+            self._version = step
+            self._changed.notify_all()
+
+    # ---------------------------------------------------------------- the producer's side
+    def _produce(self) -> None:
+        try:
+            while True:
+                number = self._next
+                step = number * self.steps_per_round
+                if step >= self.last_step():
+                    return
+                produced = self._sample_and_score(self.rows_of_round(number), step)
+                if produced is None:
+                    return
+                with self._changed:
+                    self._done[number], self._next = produced, number + 1
+                    self._changed.notify_all()
+        except BaseException as error:  # noqa: BLE001 - handed to the trainer, which raises it
+            with self._changed:
+                self._error = error
+                self._changed.notify_all()
+
+    def _sample_and_score(self, rows: list[dict], step: int) -> ProducedRound | None:
+        """Waits until the engine's weights are recent enough for `step` (None once stopping), then samples
+        holding the engine, and scores after releasing it."""
+        metrics, started = MetricBuffer(), time.perf_counter()
+        with self._changed:
+            while not self._stopping and (self._version is None or self._version < step - self.max_staleness):
+                self._changed.wait(timeout=0.5)
+            if self._stopping:
+                return None
+        with self._engine:  # the version cannot change while the engine is held
+            version, waited = self._version, time.perf_counter() - started
+            batch = self.builder.sample(rows, step, metrics)
+        batch = self.builder.score(batch, metrics)
+        metrics.record({"async/producer_wait_s": waited})
+        return ProducedRound(batch, [list(r["prompt_ids"]) for r in rows], version, metrics)

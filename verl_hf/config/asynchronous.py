@@ -1,0 +1,60 @@
+"""Asynchronous training: how far generation may run ahead of the update (`max_staleness`), and what it cannot
+be combined with yet."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from ..algorithms import advantage_spec
+from .applies import VLLM_SERVER, _help, raise_first_failed
+
+IN_PROCESS = ("the producer samples while the trainer updates; the in-process engines (the HF engine, colocated "
+              "vLLM) would sample on the cores and memory the update uses, and a producer for them is not built yet: "
+              "the vLLM server samples in its own process")
+
+
+@dataclass
+class AsyncFields:
+    max_staleness: Annotated[int, VLLM_SERVER.because(IN_PROCESS)] = field(
+        default=0,
+        metadata=_help("0: synchronous, every round is sampled by the weights it trains (as before). k >= 1: a "
+                       "producer samples and scores the next rounds while the trainer updates, each round by weights "
+                       "at most k optimizer steps older than those it trains; it waits at that bound rather than "
+                       "sampling rounds that would be too old (nothing is dropped for age). The ratio is then taken "
+                       "against the trainer's weights at the step's start and the sampling policy corrected by "
+                       "rollout_is (AReaL's decoupled PPO). Evaluation samples with the trainer's weights; a "
+                       "callback sampling through trainer.actor during training gets the server's (at most k steps "
+                       "old). Logs async/staleness_mean, async/staleness_max, async/trainer_wait_s, "
+                       "async/producer_wait_s, async/queue_size."),
+    )
+
+
+def _not_yet(cfg) -> list[tuple[bool, str]]:
+    """(holds, why it cannot run asynchronously yet) for each setting the producer does not cover."""
+    return [
+        (cfg.world_size > 1, f"{cfg.world_size} training processes: every process must push and sample in step, "
+                             "which the producer does not do yet; train in one process"),
+        (cfg.dynamic_sampling, "dynamic_sampling=True: its refills sample from the engine inside the trainer's step, "
+                               "while the producer holds it"),
+        (advantage_spec(cfg.adv_estimator).needs_greedy_baseline,
+         f"adv_estimator={cfg.adv_estimator!r}: its greedy baselines sample from the engine inside the trainer's step"),
+        (cfg.safe_rl, "Safe-RLHF (cost_funcs or cost_model_path): the cost window is kept by the trainer's step"),
+        (bool(cfg.tools), "tools: multi-turn rollouts are not produced ahead yet"),
+        (cfg.routing_replay, "routing_replay=True: the recorded routes are replayed by the weights that sampled them"),
+    ]
+
+
+def check_async(cfg) -> None:
+    raise_first_failed(cfg, [("max_staleness", cfg.max_staleness >= 0, "must be >= 0 (0: synchronous)")])
+    if cfg.max_staleness == 0 or cfg.rollout_engine != "vllm_server":
+        return  # another engine: refused by the field's condition, with its reason (applies.py)
+    if cfg.rollout_is is None:
+        raise ValueError(f"max_staleness={cfg.max_staleness} samples from policies up to {cfg.max_staleness} steps "
+                         f"older than the one trained, and rollout_is=None would treat those samples as on-policy: set "
+                         f"rollout_is='token' (the importance weight of AReaL's decoupled PPO, truncated at "
+                         f"rollout_is_threshold), or max_staleness=0.")
+    for holds, why in _not_yet(cfg):
+        if holds:
+            raise ValueError(f"max_staleness={cfg.max_staleness} cannot run with {why}. Set max_staleness=0 for this "
+                             f"setup.")
