@@ -61,6 +61,9 @@ def test_a_slow_trainer_lets_the_producer_run_ahead_up_to_the_bound_and_no_furth
     assert all(s <= staleness for s in seen), seen  # ... and never further
     assert all(h["async/staleness_mean"] == h["async/staleness_max"] for h in steps)  # one version per round
     assert sum(h["async/producer_wait_s"] for h in steps) > 1.0  # it waited at the bound instead of sampling on
+    # the server really sampled with older weights: only the first round's log-probs are the trainer's own
+    gaps = [h["rollout_is/logprob_gap_max"] for h in steps]
+    assert gaps[0] < 1e-3 and all(g > 1e-2 for g in gaps[1:]), gaps
     assert not producers_alive()
 
 
@@ -93,6 +96,8 @@ def test_a_failing_producer_stops_the_run_with_its_error_and_no_thread_survives(
     (dict(dynamic_sampling=True), "dynamic_sampling=True: its refills sample"),
     (dict(adv_estimator="remax"), "greedy baselines"),
     (dict(max_staleness=-1), "must be >= 0"),
+    (dict(ppo_epochs=2), "rounds that feed 2 optimizer steps"),
+    (dict(ignore_data_skip=True), "ignore_data_skip=True"),
 ])
 def test_settings_it_cannot_serve_are_refused_with_the_reason(tmp_path, fields, message):
     with pytest.raises(ValueError, match=message):

@@ -19,6 +19,18 @@ def test_math_verify_compares_values_not_strings():
     assert missing == [None]
 
 
+def test_math_verify_scores_off_the_main_thread():
+    """The asynchronous producer scores in its own thread, where math-verify's signal.alarm limits raise
+    ValueError ("doesn't support threaded environment"): there the reward runs without them (reward_timeout_s
+    still bounds the call), with the same scores."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        _, scores = pool.submit(_call, "math_verify", ["so \\boxed{\\frac{2}{4}}", "it is 41"],
+                                answer=["\\frac{1}{2}", "42"]).result()
+    assert scores == [1.0, 0.0]
+
+
 def test_regex_format_reward():
     name, scores = _call("regex:^<think>.*</think>\\s*<answer>.*</answer>$",
                          ["<think>a\nb</think> <answer>3</answer>", "<answer>3</answer>"])

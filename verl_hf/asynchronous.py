@@ -34,7 +34,7 @@ import torch
 from .algorithms import staleness_metrics
 from .batch import RolloutBatch
 from .data import round_sampler
-from .state import MetricBuffer
+from .state import MetricBuffer, RolloutSeeds
 
 POLL_S = 0.05  # how often a waiting trainer looks for an error, a finished round or an idle engine
 JOIN_S = 120  # how long close() waits for the generation the producer is in (an HTTP call cannot be cut short)
@@ -107,9 +107,10 @@ class AsynchronousRounds(SynchronousRounds):
         super().__init__(builder, actor, metrics)
         self.rows_of_round, self.max_staleness, self.steps_per_round = rows_of_round, max_staleness, steps_per_round
         self.last_step = last_step
-        actor.sync_on_sample = False  # the producer samples from the weights the engine has: pushed only here
         self._changed, self._engine = threading.Condition(), threading.Lock()
-        self._thread, self._stopping = None, False
+        # `_run` numbers the producers: a producer still inside a generation when close() gave up on it finds
+        # its number out of date and its results are dropped (it cannot pass a round of rolled-back weights on).
+        self._thread, self._run = None, 0
         self._done: dict[int, ProducedRound] = {}
         self._next, self._version, self._error = 0, None, None
 
@@ -140,13 +141,15 @@ class AsynchronousRounds(SynchronousRounds):
     def reset(self) -> None:
         """Drop the rounds sampled ahead (a rollback or a new `train()`); the next round starts the producer again."""
         self.close()
-        self._stopping, self._done, self._version, self._error = False, {}, None, None
+        with self._changed:
+            self._done, self._version, self._error = {}, None, None
 
     def close(self) -> None:
         """Stop the producer (it finishes the generation it is in) and wait for its thread to end."""
         with self._changed:
-            self._stopping = True
+            self._run += 1
             self._changed.notify_all()
+        self.actor.sync_on_sample = True  # sampling outside the producer gets the trainer's weights again
         if self._thread is not None:
             self._thread.join(timeout=JOIN_S)
             if self._thread.is_alive():
@@ -158,7 +161,9 @@ class AsynchronousRounds(SynchronousRounds):
     def _start_at(self, number: int) -> None:
         if self._thread is None:
             self._next = number
-            self._thread = threading.Thread(target=self._produce, name="verl_hf-rollout-producer", daemon=True)
+            self.actor.sync_on_sample = False  # the producer samples the weights the engine has: pushed only here
+            self._thread = threading.Thread(target=self._produce, args=(self._run,), name="verl_hf-rollout-producer",
+                                            daemon=True)
             self._thread.start()
 
     def _take(self, number: int, step: int) -> tuple[ProducedRound, float]:
@@ -168,11 +173,11 @@ class AsynchronousRounds(SynchronousRounds):
         while True:
             pushing += self._push_if_free(step)
             with self._changed:
+                if number in self._done:  # the push is time/sync, not waiting
+                    return self._done.pop(number), time.perf_counter() - started - pushing
                 if self._error is not None:
                     raise RuntimeError(f"the rollout producer failed while sampling ahead of step {step} (its "
                                        f"traceback above)") from self._error
-                if number in self._done:  # the push is time/sync, not waiting
-                    return self._done.pop(number), time.perf_counter() - started - pushing
                 if not self._thread.is_alive():
                     raise RuntimeError(f"the rollout producer stopped without the round for step {step}; please "
                                        f"report this.")
@@ -180,7 +185,8 @@ class AsynchronousRounds(SynchronousRounds):
 
     def _push_if_free(self, step: int) -> float:
         """Push the weights if the engine is behind and the producer is not generating; the seconds it took."""
-        if not (self.actor.engine_is_stale and self._engine.acquire(blocking=False)):
+        behind = self.actor.engine_is_stale or self._version is None  # None: no version recorded since a reset
+        if not (behind and self._engine.acquire(blocking=False)):
             return 0.0
         started = time.perf_counter()
         try:
@@ -196,36 +202,38 @@ class AsynchronousRounds(SynchronousRounds):
             self._changed.notify_all()
 
     # ---------------------------------------------------------------- the producer's side
-    def _produce(self) -> None:
+    def _produce(self, run: int) -> None:
+        number = self._next
         try:
-            while True:
-                number = self._next
-                step = number * self.steps_per_round
-                if step >= self.last_step():
-                    return
-                produced = self._sample_and_score(self.rows_of_round(number), step)
-                if produced is None:
-                    return
+            while number * self.steps_per_round < self.last_step():
+                produced = self._sample_and_score(self.rows_of_round(number), number * self.steps_per_round, run)
                 with self._changed:
+                    if produced is None or run != self._run:
+                        return
                     self._done[number], self._next = produced, number + 1
                     self._changed.notify_all()
+                number += 1
         except BaseException as error:  # noqa: BLE001 - handed to the trainer, which raises it
             with self._changed:
-                self._error = error
-                self._changed.notify_all()
+                if run == self._run:
+                    self._error = error
+                    self._changed.notify_all()
 
-    def _sample_and_score(self, rows: list[dict], step: int) -> ProducedRound | None:
-        """Waits until the engine's weights are recent enough for `step` (None once stopping), then samples
-        holding the engine, and scores after releasing it."""
+    def _sample_and_score(self, rows: list[dict], step: int, run: int) -> ProducedRound | None:
+        """Waits until the engine's weights are recent enough for `step` (None once this producer is told to
+        stop), then samples holding the engine, and scores after releasing it."""
         metrics, started = MetricBuffer(), time.perf_counter()
         with self._changed:
-            while not self._stopping and (self._version is None or self._version < step - self.max_staleness):
+            while run == self._run and (self._version is None or self._version < step - self.max_staleness):
                 self._changed.wait(timeout=0.5)
-            if self._stopping:
-                return None
         with self._engine:  # the version cannot change while the engine is held
-            version, waited = self._version, time.perf_counter() - started
-            batch = self.builder.sample(rows, step, metrics)
+            with self._changed:
+                version, current = self._version, run == self._run
+            if not current:  # told to stop while it waited (for the bound or for evaluation's hold)
+                return None
+            waited = time.perf_counter() - started
+            # a seed stream of its own: the builder's, checkpointed, must not hold calls made rounds ahead
+            batch = self.builder.sample(rows, step, metrics, seeds=RolloutSeeds())
         batch = self.builder.score(batch, metrics)
         metrics.record({"async/producer_wait_s": waited})
         return ProducedRound(batch, [list(r["prompt_ids"]) for r in rows], version, metrics)

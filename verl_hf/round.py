@@ -101,11 +101,14 @@ class RoundBuilder:
         batch, kl_in_reward = self.compute_advantages(batch, step)     # 4. advantages (pure math)
         return PlannedRound(batch, self.plan_micro_batches(batch), kl_in_reward)
 
-    def sample(self, rows: list[dict], step: int, metrics: MetricBuffer | None = None) -> RolloutBatch:
-        """`metrics`: where the rollout's metrics go (default: the builder's; a producer thread keeps its own)."""
-        metrics, seeds = (self.metrics if metrics is None else metrics), None
+    def sample(self, rows: list[dict], step: int, metrics: MetricBuffer | None = None,
+               seeds: RolloutSeeds | None = None) -> RolloutBatch:
+        """`metrics`, `seeds`: where the rollout's metrics go and the seed stream it draws from (default: the
+        builder's; a producer sampling ahead keeps its own, so that a checkpoint holds no call made ahead)."""
+        metrics = self.metrics if metrics is None else metrics
+        stream, seeds = (self.seeds if seeds is None else seeds), None
         if self.settings.rollout_seed_per_prompt:
-            seeds = self.seeds.for_rows(self.settings.seed, step, len(rows), self.settings.process_index * len(rows))
+            seeds = stream.for_rows(self.settings.seed, step, len(rows), self.settings.process_index * len(rows))
         with metrics.timer("rollout") as clock:
             batch, turn_metrics = generate(self.actor, rows, self.multi_turn, row_seeds=seeds,
                                            **sampling_kwargs(self.settings.sampling, train=True))

@@ -32,7 +32,13 @@ class AsyncFields:
 
 def _not_yet(cfg) -> list[tuple[bool, str]]:
     """(holds, why it cannot run asynchronously yet) for each setting the producer does not cover."""
+    steps_per_round = cfg.micro_steps_per_round // cfg.gradient_accumulation_steps
     return [
+        (steps_per_round > 1, f"rounds that feed {steps_per_round} optimizer steps (ppo_epochs={cfg.ppo_epochs}, "
+                              f"generation_batch_size={cfg.generation_batch_size}): the bound is kept per round, not "
+                              f"yet per optimizer step; sample one step's worth per round"),
+        (cfg.ignore_data_skip, "ignore_data_skip=True: a resumed run's dataloader starts its epoch again, while the "
+                               "producer samples the rounds that the step count says"),
         (cfg.world_size > 1, f"{cfg.world_size} training processes: every process must push and sample in step, "
                              "which the producer does not do yet; train in one process"),
         (cfg.dynamic_sampling, "dynamic_sampling=True: its refills sample from the engine inside the trainer's step, "

@@ -8,8 +8,10 @@ See it work: tests/test_verifiers.py.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -33,6 +35,10 @@ def math_verify_reward(prompts, completions, completion_ids, **columns):
         from math_verify import parse, verify
     except ImportError as e:
         raise ImportError(MATH_HINT) from e
+    if threading.current_thread() is not threading.main_thread():
+        # math-verify's own time limits are signal.alarm, which works on the main thread only (elsewhere it raises
+        # ValueError): off it (the asynchronous producer) reward_timeout_s bounds the call (rewards/calling.py).
+        parse, verify = functools.partial(parse, parsing_timeout=None), functools.partial(verify, timeout_seconds=None)
     truths = ground_truths("math_verify", columns)
     return score_each(_math_equal, completions, truths, parse=parse, verify=verify)
 
