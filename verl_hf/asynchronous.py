@@ -42,18 +42,12 @@ JOIN_S = 120  # how long close() waits for the generation the producer is in (an
 
 def make_rounds(args, builder, actor, metrics: MetricBuffer, train_dataset, collate, last_step: Callable[[], int]):
     """The source the config asks for; `collate` turns dataset rows into what the dataloader yields."""
-    if args.max_staleness == 0:
+    if args.max_staleness == 0 or train_dataset is None:  # no train_dataset: nothing to sample ahead (evaluate only)
         return SynchronousRounds(builder, actor, metrics)
-    sampler = []  # built at the first round: the dataset's size is known by then
-
-    def rows_of_round(number: int) -> list[dict]:
-        if not sampler:
-            sampler.append(round_sampler(len(train_dataset), args))
-        return collate([train_dataset[i] for i in sampler[0].round_indices(number)])
-
-    return AsynchronousRounds(builder, actor, metrics, rows_of_round, max_staleness=args.max_staleness,
-                              steps_per_round=args.micro_steps_per_round // args.gradient_accumulation_steps,
-                              last_step=last_step)
+    sampler = round_sampler(len(train_dataset), args)
+    return AsynchronousRounds(builder, actor, metrics,
+                              lambda step: collate([train_dataset[i] for i in sampler.round_indices(step)]),
+                              max_staleness=args.max_staleness, last_step=last_step)
 
 
 class SynchronousRounds:
@@ -63,10 +57,10 @@ class SynchronousRounds:
         self.builder, self.actor, self.metrics = builder, actor, metrics
 
     def next_round(self, rows: list[dict], step: int, micro_step: int):
-        self.push(step)                                       # 0b. weights into the engine
+        self.push()                                           # 0b. weights into the engine
         return self.builder.build(rows, step, micro_step)     # 1-4. sample, score, plan
 
-    def push(self, step: int) -> None:
+    def push(self) -> None:
         """Only for an engine with its own weights (verl_hf.sync), and only after the weights changed."""
         if self.actor.engine_is_stale:
             with self.metrics.timer("sync"):
@@ -75,7 +69,7 @@ class SynchronousRounds:
 
     @contextlib.contextmanager
     def engine_held(self, step: int):
-        self.push(step)
+        self.push()
         yield
 
     def reset(self) -> None:
@@ -97,27 +91,25 @@ class ProducedRound:
 
 
 class AsynchronousRounds(SynchronousRounds):
-    """Holds: the producer thread, the rounds it finished (by round number), the version of the engine's weights
+    """Holds: the producer thread, the rounds it finished (by the step each trains), the version of the engine's weights
     (None before the first push), the lock that keeps generation and the push apart, and the producer's error."""
 
     def __init__(self, builder, actor, metrics: MetricBuffer, rows_of_round: Callable[[int], list[dict]], *,
-                 max_staleness: int, steps_per_round: int, last_step: Callable[[], int]):
-        """`rows_of_round(n)`: the prompt rows of round n (counted from the run's start); `last_step()`: the
-        run's max_steps (rounds that would train past it are not sampled)."""
+                 max_staleness: int, last_step: Callable[[], int]):
+        """`rows_of_round(s)`: the prompt rows of the round that trains optimizer step s (a round feeds one step:
+        config/asynchronous.py refuses more); `last_step()`: the run's max_steps (no round is sampled past it)."""
         super().__init__(builder, actor, metrics)
-        self.rows_of_round, self.max_staleness, self.steps_per_round = rows_of_round, max_staleness, steps_per_round
-        self.last_step = last_step
+        self.rows_of_round, self.max_staleness, self.last_step = rows_of_round, max_staleness, last_step
         self._changed, self._engine = threading.Condition(), threading.Lock()
         # `_run` numbers the producers: a producer still inside a generation when close() gave up on it finds
         # its number out of date and its results are dropped (it cannot pass a round of rolled-back weights on).
         self._thread, self._run = None, 0
-        self._done: dict[int, ProducedRound] = {}
+        self._done: dict[int, ProducedRound] = {}  # by the step each trains
         self._next, self._version, self._error = 0, None, None
 
     def next_round(self, rows: list[dict], step: int, micro_step: int):
-        number = step // self.steps_per_round
-        self._start_at(number)
-        produced, waited = self._take(number, step)
+        self._start_at(step)
+        produced, waited = self._take(step)
         if [list(r["prompt_ids"]) for r in rows] != produced.prompt_ids:
             raise RuntimeError(f"the round sampled ahead for step {step} has other prompts than the dataloader's; "
                                f"please report this.")
@@ -158,23 +150,23 @@ class AsynchronousRounds(SynchronousRounds):
             self._thread = None
 
     # ---------------------------------------------------------------- the trainer's side
-    def _start_at(self, number: int) -> None:
+    def _start_at(self, step: int) -> None:
         if self._thread is None:
-            self._next = number
+            self._next = step
             self.actor.sync_on_sample = False  # the producer samples the weights the engine has: pushed only here
             self._thread = threading.Thread(target=self._produce, args=(self._run,), name="verl_hf-rollout-producer",
                                             daemon=True)
             self._thread.start()
 
-    def _take(self, number: int, step: int) -> tuple[ProducedRound, float]:
-        """The round `number` once the producer has it (pushing weights whenever the engine is free); the seconds
+    def _take(self, step: int) -> tuple[ProducedRound, float]:
+        """The round for `step` once the producer has it (pushing weights whenever the engine is free); the seconds
         waited. The producer's error is raised here, with its traceback."""
         started, pushing = time.perf_counter(), 0.0
         while True:
             pushing += self._push_if_free(step)
             with self._changed:
-                if number in self._done:  # the push is time/sync, not waiting
-                    return self._done.pop(number), time.perf_counter() - started - pushing
+                if step in self._done:  # the push is time/sync, not waiting
+                    return self._done.pop(step), time.perf_counter() - started - pushing
                 if self._error is not None:
                     raise RuntimeError(f"the rollout producer failed while sampling ahead of step {step} (its "
                                        f"traceback above)") from self._error
@@ -196,23 +188,23 @@ class AsynchronousRounds(SynchronousRounds):
         return time.perf_counter() - started
 
     def _push_holding_engine(self, step: int) -> None:
-        self.push(step)
+        self.push()
         with self._changed:
             self._version = step
             self._changed.notify_all()
 
     # ---------------------------------------------------------------- the producer's side
     def _produce(self, run: int) -> None:
-        number = self._next
+        step = self._next
         try:
-            while number * self.steps_per_round < self.last_step():
-                produced = self._sample_and_score(self.rows_of_round(number), number * self.steps_per_round, run)
+            while step < self.last_step():
+                produced = self._sample_and_score(self.rows_of_round(step), step, run)
                 with self._changed:
                     if produced is None or run != self._run:
                         return
-                    self._done[number], self._next = produced, number + 1
+                    self._done[step], self._next = produced, step + 1
                     self._changed.notify_all()
-                number += 1
+                step += 1
         except BaseException as error:  # noqa: BLE001 - handed to the trainer, which raises it
             with self._changed:
                 if run == self._run:

@@ -7,7 +7,7 @@ the start of the step (version v), and the behaviour policy (the engine's log-pr
 importance weight pi_prox / pi_behave: AReaL's decoupled objective (Fu et al. 2025, arXiv:2505.24298,
 eq. 5). That is what `rollout_is_weights(prox, behave)` times the PPO loss against `old_logprobs = prox`
 computes, so the decoupled loss needs no loss of its own; what asynchrony adds is where the proximal
-log-probs come from (`PROXIMAL_METHODS`):
+log-probs come from:
 
 - ``"recompute"``: the trainer's forward at the start of the step (exact; one forward per round, as today);
 - ``"loglinear"``: AReaL's interpolation per token between the behaviour log-probs and the current policy's,
@@ -22,9 +22,6 @@ import torch
 from torch import Tensor
 
 from .utils import masked_mean
-
-PROXIMAL_METHODS = ("recompute", "loglinear")
-
 
 def token_staleness(token_versions: Tensor, response_mask: Tensor, trainer_version: int) -> Tensor:
     """Optimizer steps between the policy that sampled each response token and the trainer's.  (B, T) -> (B, T).
