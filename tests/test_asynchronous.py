@@ -98,6 +98,9 @@ def test_a_failing_producer_stops_the_run_with_its_error_and_no_thread_survives(
     (dict(max_staleness=-1), "must be >= 0"),
     (dict(ppo_epochs=2), "rounds that feed 2 optimizer steps"),
     (dict(ignore_data_skip=True), "ignore_data_skip=True"),
+    (dict(cost_funcs=["examples/safe_rlhf/task.py:forbidden_digit"], cost_limit=0.05), "cannot run with Safe-RLHF"),
+    (dict(tools=["verl_hf.agent.tools:calculator"]), "cannot run with tools"),
+    (dict(routing_replay=True), "routing_replay needs each token's experts"),
 ])
 def test_settings_it_cannot_serve_are_refused_with_the_reason(tmp_path, fields, message):
     with pytest.raises(ValueError, match=message):
@@ -124,3 +127,18 @@ def test_one_step_off_policy_grpo_learns_the_demo_task(server, tmp_path, additio
     logs = [h for h in trainer.state.log_history if "async/staleness_max" in h]
     assert logs and all(h["async/staleness_max"] <= 1 for h in logs) and logs[-1]["async/staleness_mean"] > 0.5
     assert_learned(before, after, 0.15, problems=100)
+
+
+def test_an_environment_is_refused_before_the_model_loads(tmp_path):
+    from verl_hf import VerlTrainer
+
+    class Environment:
+        def reset(self, **row):
+            return "start"
+
+        def step(self, text):
+            return "done", 0.0, True
+
+    args = small_config(tmp_path, **{**ASYNC, "vllm_server_url": "http://127.0.0.1:1", "max_staleness": 1})
+    with pytest.raises(ValueError, match="cannot run with multi-turn rollouts"):
+        VerlTrainer(model=WARM_START, args=args, environment=Environment)
