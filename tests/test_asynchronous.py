@@ -90,6 +90,105 @@ def test_a_failing_producer_stops_the_run_with_its_error_and_no_thread_survives(
     assert time.perf_counter() - started < 60 and not producers_alive()
 
 
+def length_slow_reward(completions, **kwargs):
+    """Slow on long answers (as a slow tool would be): the producer lags most where answers are long."""
+    time.sleep(0.004 * sum(len(c) for c in completions) / len(completions))
+    return [float("####" in c) for c in completions]
+
+
+def test_nothing_is_dropped_for_age_so_the_data_has_no_length_bias(server, tmp_path, addition):
+    """With the weights held still (learning_rate=0) and per-prompt seeds, an asynchronous run with a producer
+    slowed by long answers trains on exactly the synchronous run's samples, step for step: same lengths, same
+    rewards. A producer that dropped or re-sampled stale rounds (the slow, long ones first) would differ."""
+    runs = {}
+    for staleness in (0, 1):
+        from verl_hf import VerlTrainer
+
+        args = small_config(tmp_path / str(staleness), **{**ASYNC, "vllm_server_url": server, "max_staleness": staleness,
+                                                          "learning_rate": 0.0, "rollout_seed_per_prompt": True,
+                                                          "max_steps": 6, "reward_funcs": [length_slow_reward],
+                                                          "reward_weights": [1.0]})
+        trainer = VerlTrainer(model=WARM_START, args=args, train_dataset=addition[0], callbacks=[SlowSteps(0.2)])
+        trainer.train()
+        runs[staleness] = [h for h in trainer.state.log_history if "reward/mean" in h]
+    keys = ("response_length/mean", "response_length/max", "response_length/truncated_frac", "reward/mean")
+    assert [[h[k] for k in keys] for h in runs[1]] == [[h[k] for k in keys] for h in runs[0]]
+    assert max(h["async/staleness_max"] for h in runs[1]) == 1  # it did sample ahead
+
+
+class FailAt(TrainerCallback):
+    def __init__(self, step: int, error: BaseException):
+        self.step, self.error = step, error
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise self.error
+
+
+@pytest.mark.parametrize("error", [ValueError("the trainer broke"), KeyboardInterrupt()])
+def test_a_failing_or_interrupted_trainer_stops_the_producer(server, tmp_path, addition, error):
+    started = time.perf_counter()
+    with pytest.raises(type(error)):
+        _train(tmp_path, server, addition, 1, [FailAt(3, error)], max_steps=20)
+    assert time.perf_counter() - started < 60 and not producers_alive()
+
+
+def test_a_server_that_dies_mid_run_ends_it_with_a_clear_error(tmp_path, addition):
+    """The server killed (kill -9, its whole process tree) during step 3: the run ends within a bounded time
+    with the error naming the server's URL, and no producer thread is left."""
+    import psutil
+
+    from conftest import SERVER_PROCESSES
+
+    class KillServer(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 3:
+                tree = psutil.Process(SERVER_PROCESSES[url].pid)
+                for process in [*tree.children(recursive=True), tree]:
+                    process.kill()
+
+    with vllm_server(WARM_START, tmp_path / "server.log") as url:
+        started = time.perf_counter()
+        with pytest.raises((RuntimeError, ConnectionError)) as caught:
+            _train(tmp_path, url, addition, 1, [KillServer()], max_steps=20)
+    chain = repr(caught.value) + repr(caught.value.__cause__)
+    assert url in chain, chain
+    assert time.perf_counter() - started < 90 and not producers_alive()
+
+
+def test_a_run_killed_mid_way_resumes_and_its_steps_continue(server, tmp_path):
+    """kill -9 at step 5 of 8 (checkpoints every 3 steps) while the producer samples ahead, then resume from
+    checkpoint-3: the run finishes without a hang, its steps continue from 4 to 8 within the bound, and the
+    rounds it trains are the ones the step count says (next_round checks their prompts against the
+    dataloader's). The rounds sampled ahead before the kill are not in the checkpoint: the resumed producer
+    samples them again, from the resumed weights."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = Path(__file__).parent / "resume_run.py"
+
+    def run(out, kill_at=0, checkpoint=None):
+        cmd = [sys.executable, str(script), str(out), "async", str(kill_at), *([str(checkpoint)] if checkpoint else [])]
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                                env={**os.environ, "HF_HUB_OFFLINE": "1", "VERL_HF_TEST_SERVER": server})
+        assert result.returncode in (0, -signal.SIGKILL), result.stderr[-3000:]
+        return result.returncode
+
+    assert run(tmp_path / "killed", kill_at=5) == -signal.SIGKILL
+    checkpoint = tmp_path / "killed" / "out" / "checkpoint-3"
+    assert checkpoint.is_dir() and not (tmp_path / "killed" / "logs.json").exists()
+    started = time.perf_counter()
+    run(tmp_path / "killed", checkpoint=checkpoint)
+    assert time.perf_counter() - started < 240
+    resumed = {h["step"]: h for h in json.loads((tmp_path / "killed" / "logs.json").read_text())}
+    assert sorted(resumed) == list(range(1, 9)), sorted(resumed)  # steps 1-3 from the checkpoint's log history
+    assert all(resumed[step]["async/staleness_max"] <= 1 for step in range(4, 9))
+    assert resumed[4]["async/staleness_max"] == 0  # the first round after a resume: sampled by the resumed weights
+
+
 @pytest.mark.parametrize("fields, message", [
     (dict(rollout_engine="hf"), "takes effect only when rollout_engine='vllm_server'"),
     (dict(rollout_is=None), "set rollout_is='token'"),

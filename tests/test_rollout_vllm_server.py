@@ -97,6 +97,15 @@ def test_server_returns_what_the_hf_engine_returns(server):
     whole = engine.generate(prompts, SamplingConfig(**seeded, row_seeds=(11, 12, 13, 14)))
     part = engine.generate(prompts[2:], SamplingConfig(**seeded, row_seeds=(13, 14)))
     assert torch.equal(whole.response_ids[6:, : part.response_ids.shape[1]], part.response_ids)
+    # the completions API (servers without --enable-scale-out) samples and scores exactly as the tokens route
+    assert engine.tokens_route
+    engine.tokens_route = False
+    sampled = SamplingConfig(**seeded, row_seeds=(11, 12, 13, 14), return_logprobs=True)
+    completions = engine.generate(prompts, sampled)
+    engine.tokens_route = True
+    tokens = engine.generate(prompts, sampled)
+    assert torch.equal(completions.response_ids, tokens.response_ids)
+    assert torch.equal(completions.logprobs, tokens.logprobs)
 
 
 def test_grpo_with_the_server_learns_the_demo_task(server, tmp_path, addition):
@@ -178,7 +187,7 @@ def test_vllm_serve_helper_command():
     assert line.startswith("VLLM_SERVER_DEV_MODE=1 ")
     for part in ("-m vllm.entrypoints.launchers.api_server.entry --model my/model", "--port 9001",
                  "--logprobs-mode processed_logprobs", "--max-model-len 2048", "--seed 3", "--enable-prefix-caching",
-                 "--generation-config vllm", "--host 127.0.0.1"):
+                 "--generation-config vllm", "--host 127.0.0.1", "--enable-scale-out"):
         assert part in line, part
     backend = "nccl" if torch.cuda.is_available() else "verl_hf_gloo"
     assert f"--weight-transfer-config '{{\"backend\": \"{backend}\"}}'" in line

@@ -2,7 +2,8 @@
 
 It is vLLM's own OpenAI-compatible server, started with what server mode needs: the weight-transfer routes
 (`VLLM_SERVER_DEV_MODE=1`), a weight-transfer backend (`nccl` on GPUs, `verl_hf_gloo` without them), sampling
-log-probs after temperature (`--logprobs-mode processed_logprobs`) and prefix caching. Any other vLLM flag
+log-probs after temperature (`--logprobs-mode processed_logprobs`), prefix caching and the token-in/
+token-out generation route (`--enable-scale-out`). Any other vLLM flag
 passes through. `--print-command` prints the native command instead of running it.
 
 See it work: tests/test_rollout_vllm_server.py.
@@ -52,6 +53,8 @@ def serve_command(args: argparse.Namespace, passthrough: list[str], has_gpu: boo
     cmd = [sys.executable, "-m", SERVER_MODULE, "--model", args.model, "--host", args.host, "--port", str(args.port),
            "--weight-transfer-config", json.dumps({"backend": transfer}), "--logprobs-mode", "processed_logprobs",
            "--generation-config", "vllm", "--enable-prefix-caching", "--tensor-parallel-size", str(args.tensor_parallel_size)]
+    if _has_scale_out():
+        cmd.append("--enable-scale-out")  # the token-in/token-out route: rollouts without detokenization
     if args.max_model_len:
         cmd += ["--max-model-len", str(args.max_model_len)]
     kv_mb = args.kv_cache_mb or (None if has_gpu else 256)
@@ -61,6 +64,14 @@ def serve_command(args: argparse.Namespace, passthrough: list[str], has_gpu: boo
         cmd.append("--enforce-eager")  # CPU: compiling takes longer than it saves on rollouts of small models
         cmd.append("--no-enable-chunked-prefill")  # seeded requests crash split CPU prefills: see VLLMEngine
     return cmd + passthrough, {"VLLM_SERVER_DEV_MODE": "1"}
+
+
+def _has_scale_out() -> bool:
+    """Whether this vLLM has the token-in/token-out route (`--enable-scale-out`); older ones serve completions."""
+    try:
+        return importlib.util.find_spec("vllm.entrypoints.scale_out.token_in_token_out") is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def passthrough_value(passthrough: list[str], flag: str) -> str | None:

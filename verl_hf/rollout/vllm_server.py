@@ -1,7 +1,10 @@
 """Rollouts from a separate `vllm serve` (other GPUs or nodes), server mode.
 
-Generation goes through the server's completions API with token ids in and out (one request per prompt, so
-per-prompt seeds hold, sent concurrently so the server batches them). Weights go through vLLM's native
+Generation goes through the server's token-in/token-out route `/inference/v1/generate` (`--enable-scale-out`,
+which `verl-hf vllm-serve` sets): no detokenization and no per-token strings, which on a small model halves the
+server's time per round (benchmarks/async.py). A server without that route gets the completions API with token
+ids in and out, and a warning. One request per prompt, so per-prompt seeds hold, sent concurrently so the server
+batches them. Weights go through vLLM's native
 weight-transfer protocol (control over HTTP, tensors over NCCL or, on CPU, our gloo transport:
 vllm_transfer.py). Only process 0 of the trainer pushes (`WeightSync(owner_rank=0)`); every process samples.
 
@@ -31,6 +34,7 @@ from .vllm_engine import (NO_HF_WEIGHTS, hf_meta_model, hf_weight_names, request
 from .vllm_transfer import TrainerSender, update_info, worker_init_info
 
 START_HINT = "start one with `verl-hf vllm-serve MODEL --port PORT` (see README, Rollout engines)"
+TOKENS_ROUTE = "/inference/v1/generate"  # vLLM's token-in/token-out generation (vllm serve --enable-scale-out)
 NEUTRAL_SAMPLING = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_p": 0.0}
 
 
@@ -58,6 +62,20 @@ class VLLMServerEngine(RolloutEngine):
         self._names, tied = hf_weight_names(self._meta)
         self._tied = self._tied_copies_it_has(tied)
         self._sender, self._version = None, 0
+        self.tokens_route = self._has_tokens_route()
+
+    def _has_tokens_route(self) -> bool:
+        """Whether the server serves TOKENS_ROUTE. An empty body tells without generating: 422 (the route
+        validated it: 400 or 422), 403 (disabled: no --enable-scale-out), 404 (a vLLM without it)."""
+        try:
+            self._call("POST", TOKENS_ROUTE, {})
+        except RuntimeError as e:
+            if " with 400:" in str(e) or " with 422:" in str(e):
+                return True
+        warnings.warn(f"The vLLM server at {self.url} does not serve {TOKENS_ROUTE} (start it with "
+                      f"--enable-scale-out, as `verl-hf vllm-serve` does): rollouts go through /v1/completions, whose "
+                      f"detokenization costs the server time on every token.")
+        return False
 
     def _tied_copies_it_has(self, tied: dict[str, str]) -> dict[str, str]:
         """The tied copies to push (vLLM's Gemma-2 has no lm_head). A server without our vLLM plugin cannot
@@ -144,14 +162,29 @@ class VLLMServerEngine(RolloutEngine):
         fields = {k: v for k, v in sampling_fields(params, self.eos_token_ids).items() if v is not None}
         # Neutral values sent explicitly: the server would otherwise fill them from the model's
         # generation_config.json (e.g. a repetition_penalty), sampling off-policy.
-        base = dict(fields, **NEUTRAL_SAMPLING, model=self.model_name, return_token_ids=True, skip_special_tokens=False)
-        requests = [dict(base, prompt=list(p), seed=s) for p, s in zip(prompt_ids, request_seeds(params, len(prompt_ids)))]
+        fields.update(NEUTRAL_SAMPLING)
+        seeds = request_seeds(params, len(prompt_ids))
+        if self.tokens_route:
+            route, sampling = TOKENS_ROUTE, dict(fields, detokenize=False)
+            requests = [{"model": self.model_name, "token_ids": list(p), "sampling_params": dict(sampling, seed=s)}
+                        for p, s in zip(prompt_ids, seeds)]
+        else:
+            route, base = "/v1/completions", dict(fields, model=self.model_name, return_token_ids=True,
+                                                 skip_special_tokens=False)
+            requests = [dict(base, prompt=list(p), seed=s) for p, s in zip(prompt_ids, seeds)]
         with ThreadPoolExecutor(min(64, len(requests))) as pool:
-            answers = list(pool.map(lambda body: self._call("POST", "/v1/completions", body), requests))
+            answers = list(pool.map(lambda body: self._call("POST", route, body), requests))
         choices = [c for answer in answers for c in sorted(answer["choices"], key=lambda c: c["index"])]
-        logprobs = [c["logprobs"]["token_logprobs"] for c in choices] if params.return_logprobs else None
+        logprobs = [_chosen_logprobs(c, self.tokens_route) for c in choices] if params.return_logprobs else None
         return rollout_from_tokens(prompt_ids, [c["token_ids"] for c in choices], logprobs,
                                    params.num_return_sequences, self.pad_token_id, self.eos_token_ids)
+
+
+def _chosen_logprobs(choice: dict, tokens_route: bool) -> list[float]:
+    """The sampled tokens' log-probs from one choice of either route's answer."""
+    if tokens_route:
+        return [entry["logprob"] for entry in choice["logprobs"]["content"]]
+    return choice["logprobs"]["token_logprobs"]
 
 
 def _check_server(model: dict, transfer: dict | None, max_model_len: int, url: str) -> None:
