@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from architectures import (ARCHITECTURES, BF16_K1_BOUND, BF16_MAX_LOGPROB_BOUND, BF16_MEAN_LOGPROB_BOUND,
-                           DEFAULT_DTYPE_ONLY, MEAN_LOGPROB_BOUND, build, build_tokenizer, check)
+                           BF16_MOE_MAX_LOGPROB_BOUND, DEFAULT_DTYPE_ONLY, MEAN_LOGPROB_BOUND, MOE_FAMILIES, build,
+                           build_tokenizer, check)
 from conftest import vllm_server
 
 HERE = Path(__file__).parent
@@ -39,6 +40,8 @@ def assert_trained_and_equal(figures: dict, name: str):
             out.write(json.dumps(dict(figures, name=name, test=os.environ.get("PYTEST_CURRENT_TEST"))) + "\n")
     mean_bound, max_bound, k1_bound = (BF16_MEAN_LOGPROB_BOUND, BF16_MAX_LOGPROB_BOUND, BF16_K1_BOUND) \
         if figures["bf16"] else (MEAN_LOGPROB_BOUND, 1e-4, MEAN_LOGPROB_BOUND)
+    if figures["bf16"] and name in MOE_FAMILIES:
+        max_bound = BF16_MOE_MAX_LOGPROB_BOUND  # a near-tie routed to another expert (tests/architectures.py)
     assert figures["changed"] == figures["total"], (name, figures)  # every trained weight moved
     assert figures["tokens"] >= 64 and figures["mean_gap"] < mean_bound, (name, figures)
     assert figures["max_gap"] < max_bound, (name, figures)
