@@ -41,6 +41,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -167,6 +168,7 @@ def _execute(code: str, layers: tuple[str, ...], timeout_s: float, memory_mb: in
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+                _wait_until_group_is_gone(proc.pid)
                 timed_out = True
             stdout, stderr = _read(out), _read(err)
     finally:
@@ -220,6 +222,28 @@ def _working_unshare() -> list[str] | None:
         except (OSError, subprocess.SubprocessError):
             pass
     return None
+
+
+def _wait_until_group_is_gone(group: int, limit_s: float = 5.0) -> None:
+    """SIGKILL is delivered at once but a process takes a moment to die (and one inside the PID namespace is
+    not our child, so `wait` cannot see it): return only once no live member of the group is left, so that
+    nothing the program started outlives `run_code`. Zombies are dead and do not count."""
+    deadline = time.monotonic() + limit_s
+    while _live_members(group) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _live_members(group: int) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            # /proc/PID/stat: "pid (comm) state ppid pgrp ...": comm may hold spaces, so split after the last ')'
+            state, _, pgrp = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(pgrp) == group and state not in ("Z", "X"):
+            found.append(int(pid))
+    return found
 
 
 def _remove(root: str) -> None:
