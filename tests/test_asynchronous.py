@@ -42,11 +42,11 @@ def producers_alive() -> list:
     return [t for t in threading.enumerate() if t.name == "verl_hf-rollout-producer" and t.is_alive()]
 
 
-def _train(tmp_path, server, addition, staleness: int, callbacks=(), **fields):
+def _train(tmp_path, server, addition, staleness: int, callbacks=(), model=WARM_START, **fields):
     from verl_hf import VerlTrainer
 
     args = small_config(tmp_path, **{**ASYNC, "vllm_server_url": server, "max_staleness": staleness, **fields})
-    trainer = VerlTrainer(model=WARM_START, args=args, train_dataset=addition[0], callbacks=list(callbacks))
+    trainer = VerlTrainer(model=model, args=args, train_dataset=addition[0], callbacks=list(callbacks))
     trainer.train()
     return [h for h in trainer.state.log_history if "async/staleness_max" in h]
 
@@ -72,6 +72,29 @@ def test_a_slow_producer_makes_the_trainer_wait_and_stays_within_the_bound(serve
     assert len(steps) == 5 and all(h["async/staleness_max"] <= 1 for h in steps)
     assert sum(h["async/trainer_wait_s"] for h in steps[1:]) > 0.5  # scoring, not training, set the pace
     assert all(h["sync/gigabytes"] > 0 for h in steps[1:])  # weights pushed while the producer was between rounds
+
+
+def test_partial_rollouts_push_into_the_generation_in_flight(server, tmp_path, addition):
+    """partial_rollouts=True with long responses (a policy this far from the warm start runs most of them to
+    96 tokens, so the producer is mid-generation whenever the trainer ends a step): the pushes land inside
+    generations, rounds hold responses sampled by two versions, and every token stays within the bound."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    policy = AutoModelForCausalLM.from_pretrained(WARM_START, dtype=torch.float32)
+    torch.manual_seed(7)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    policy.save_pretrained(tmp_path / "policy")
+    AutoTokenizer.from_pretrained(WARM_START).save_pretrained(tmp_path / "policy")
+    steps = _train(tmp_path, server, addition, 1, model=str(tmp_path / "policy"), max_steps=4, partial_rollouts=True,
+                   max_response_length=96)
+    assert len(steps) == 4 and all(h["async/staleness_max"] <= 1 for h in steps)
+    mixed = [h for h in steps if h["async/partial_frac"] > 0]
+    assert mixed, [h["async/partial_frac"] for h in steps]
+    assert all(0 < h["async/staleness_mean"] < h["async/staleness_max"] for h in mixed)  # two versions in a round
+    assert not producers_alive()
 
 
 def failing_reward(completions, **kwargs):
@@ -200,6 +223,7 @@ def test_a_run_killed_mid_way_resumes_and_its_steps_continue(server, tmp_path):
     (dict(cost_funcs=["examples/safe_rlhf/task.py:forbidden_digit"], cost_limit=0.05), "cannot run with Safe-RLHF"),
     (dict(tools=["verl_hf.agent.tools:calculator"]), "cannot run with tools"),
     (dict(routing_replay=True), "routing_replay needs each token's experts"),
+    (dict(max_staleness=0, partial_rollouts=True), r"takes effect only when max_staleness >= 1 .*never loads weights"),
 ])
 def test_settings_it_cannot_serve_are_refused_with_the_reason(tmp_path, fields, message):
     with pytest.raises(ValueError, match=message):

@@ -108,6 +108,53 @@ def test_server_returns_what_the_hf_engine_returns(server):
     assert torch.equal(completions.logprobs, tokens.logprobs)
 
 
+def test_a_push_mid_generation_continues_each_response_with_the_new_weights(server):
+    """Partial rollouts: weights pushed inside paused_for_weights while the server samples. Responses that span
+    the push carry both labels; every token's sampling log-prob equals the forward of the weights its label
+    names within 1e-4 (fp32): the old weights before the switch, the new ones after (their prefix recomputed
+    with the new weights, not the old keys and values kept), and no response is longer than asked for."""
+    import copy
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from verl_hf.algorithms import partial_fraction
+    from verl_hf.rollout import SamplingConfig
+    from verl_hf.sync import WeightSync
+
+    old, tokenizer = _policy(0.3, seed=7)  # this far from the warm start most responses run to 100 tokens
+    new = copy.deepcopy(old)
+    torch.manual_seed(8)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    engine = _engine(server, old, tokenizer)
+    prompts = [tokenizer(p)["input_ids"] for p in PROMPTS * 2]
+    sampling = SamplingConfig(max_new_tokens=100, num_return_sequences=4, return_logprobs=True, seed=3)
+    WeightSync(owner_rank=0).sync(old, engine)
+    engine.label_weights(1)
+    started = time.perf_counter()
+    assert engine.generate(prompts, sampling).versions.max() == 1
+    whole = time.perf_counter() - started
+    with ThreadPoolExecutor(1) as pool:
+        sampled = pool.submit(engine.generate, prompts, sampling)
+        time.sleep(whole / 3)  # a third of the way in
+        with engine.paused_for_weights():
+            WeightSync(owner_rank=0).sync(new, engine)
+            engine.label_weights(2)
+        rollout = sampled.result()
+    mask = rollout.response_mask.bool()
+    assert rollout.response_ids.shape[1] <= 100 and mask.sum() >= 1000
+    assert partial_fraction(rollout.versions, rollout.response_mask) > 0.2, rollout.versions
+    for weights, version in ((old, 1), (new, 2)):
+        mine = mask & (rollout.versions == version)
+        assert mine.sum() >= 100, version
+        assert (_logprobs(weights, rollout) - rollout.logprobs)[mine].abs().max() < 1e-4, version
+    assert (_logprobs(old, rollout) - rollout.logprobs)[mask & (rollout.versions == 2)].abs().max() > 1e-2
+    engine.tokens_route = False  # the completions API returns no weight spans to continue from
+    with pytest.raises(RuntimeError, match="--enable-scale-out"):
+        engine.paused_for_weights().__enter__()
+
+
 def test_grpo_with_the_server_learns_the_demo_task(server, tmp_path, addition):
     """150 GRPO steps sampling from the server (synced before every rollout, per-prompt seeds) lift held-out
     greedy accuracy. Measured on an Intel Xeon with AMX: 0.27 -> 0.51 (+24 problems against the bar of +15; the

@@ -12,7 +12,9 @@ The round that trains optimizer step s is sampled by weights that had seen at le
 waits at that bound instead of sampling rounds that would be too old, so nothing is dropped for age (dropping
 stale samples drops the slow, long ones first and biases the data towards short answers). Generation and the
 weight push never overlap (one lock): the trainer pushes whenever the engine is behind and the producer is
-between generations, and does not wait for it otherwise. The trainer then plans the round (reference and
+between generations, and does not wait for it otherwise. With partial_rollouts the trainer pushes into the
+generation in flight instead, inside the engine's pause (engine.paused_for_weights): unfinished responses
+continue with the new weights, each token labelled with the version that sampled it. The trainer then plans the round (reference and
 proximal log-probs, values, advantages) with its own current weights; rollout_is corrects for the sampling
 policy (AReaL's decoupled PPO, algorithms/off_policy.py). A checkpoint does not hold the rounds sampled ahead:
 a resumed run samples them again from the resumed weights.
@@ -44,10 +46,15 @@ def make_rounds(args, builder, actor, metrics: MetricBuffer, train_dataset, coll
     """The source the config asks for; `collate` turns dataset rows into what the dataloader yields."""
     if args.max_staleness == 0 or train_dataset is None:  # no train_dataset: nothing to sample ahead (evaluate only)
         return SynchronousRounds(builder, actor, metrics)
+    if args.partial_rollouts and not actor.engine.pauses_for_weights:
+        raise ValueError(f"partial_rollouts=True, but {type(actor.engine).__name__} cannot pause its generation for a "
+                         f"weight push (the vLLM server needs /inference/v1/generate: start it with "
+                         f"--enable-scale-out, as `verl-hf vllm-serve` does); or set partial_rollouts=False.")
     sampler = round_sampler(len(train_dataset), args)
     return AsynchronousRounds(builder, actor, metrics,
                               lambda step: collate([train_dataset[i] for i in sampler.round_indices(step)]),
-                              max_staleness=args.max_staleness, last_step=last_step)
+                              max_staleness=args.max_staleness, last_step=last_step,
+                              partial_rollouts=args.partial_rollouts)
 
 
 class SynchronousRounds:
@@ -95,11 +102,13 @@ class AsynchronousRounds(SynchronousRounds):
     (None before the first push), the lock that keeps generation and the push apart, and the producer's error."""
 
     def __init__(self, builder, actor, metrics: MetricBuffer, rows_of_round: Callable[[int], list[dict]], *,
-                 max_staleness: int, last_step: Callable[[], int]):
+                 max_staleness: int, last_step: Callable[[], int], partial_rollouts: bool = False):
         """`rows_of_round(s)`: the prompt rows of the round that trains optimizer step s (a round feeds one step:
-        config/asynchronous.py refuses more); `last_step()`: the run's max_steps (no round is sampled past it)."""
+        config/asynchronous.py refuses more); `last_step()`: the run's max_steps (no round is sampled past it);
+        `partial_rollouts`: push into a generation in flight, paused for it (engine.paused_for_weights)."""
         super().__init__(builder, actor, metrics)
         self.rows_of_round, self.max_staleness, self.last_step = rows_of_round, max_staleness, last_step
+        self.partial_rollouts = partial_rollouts
         self._changed, self._engine = threading.Condition(), threading.Lock()
         # `_run` numbers the producers: a producer still inside a generation when close() gave up on it finds
         # its number out of date and its results are dropped (it cannot pass a round of rolled-back weights on).
@@ -116,7 +125,9 @@ class AsynchronousRounds(SynchronousRounds):
         for name, values in produced.metrics.values.items():
             for value in values:
                 self.metrics.record({name: value})
-        versions = torch.full_like(produced.batch.response_mask, produced.version, dtype=torch.long)
+        versions = produced.batch.rollout_versions  # per token from an engine that labels its weights
+        if versions is None:
+            versions = torch.full_like(produced.batch.response_mask, produced.version, dtype=torch.long)
         with self._changed:
             queued = len(self._done)
         self.metrics.record({**staleness_metrics(versions, produced.batch.response_mask, step),
@@ -176,19 +187,28 @@ class AsynchronousRounds(SynchronousRounds):
                 self._changed.wait(timeout=POLL_S)
 
     def _push_if_free(self, step: int) -> float:
-        """Push the weights if the engine is behind and the producer is not generating; the seconds it took."""
+        """Push the weights if the engine is behind and the producer is not generating, or with partial rollouts
+        into its generation, paused meanwhile; the seconds it took."""
         behind = self.actor.engine_is_stale or self._version is None  # None: no version recorded since a reset
-        if not (behind and self._engine.acquire(blocking=False)):
+        if not behind:
             return 0.0
         started = time.perf_counter()
-        try:
-            self._push_holding_engine(step)
-        finally:
-            self._engine.release()
+        if self._engine.acquire(blocking=False):
+            try:
+                self._push_holding_engine(step)
+            finally:
+                self._engine.release()
+        elif self.partial_rollouts:
+            # the producer holds the engine inside a generation, which continues with these weights
+            with self.actor.engine.paused_for_weights():
+                self._push_holding_engine(step)
+        else:
+            return 0.0
         return time.perf_counter() - started
 
     def _push_holding_engine(self, step: int) -> None:
         self.push()
+        self.actor.engine.label_weights(step)  # what each token's Rollout.versions says
         with self._changed:
             self._version = step
             self._changed.notify_all()

@@ -30,6 +30,9 @@ class RolloutBatch:
     columns: dict[str, list] = field(default_factory=dict)
     # Filled by later stages.
     rollout_logprobs: torch.Tensor | None = None  # (B, Lr) from the engine, when it reports them
+    # (B, Lr) long: the optimizer steps the weights that sampled each token had seen, from an engine that labels
+    # its weights (asynchronous training with partial rollouts: a row may span several); None: not recorded.
+    rollout_versions: torch.Tensor | None = None
     # MoE routing replay (verl_hf/routing.py): int16 expert ids per token and MoE layer, -1 = route live.
     prompt_routes: torch.Tensor | None = None  # (B, Lp, L, k)
     response_routes: torch.Tensor | None = None  # (B, Lr, L, k)
@@ -131,7 +134,8 @@ class RolloutBatch:
 
 
 # Fields shaped (B, Lr, ...): padded on the right when batches are joined; (B, Lp, ...): on the left.
-TOKEN_FIELDS = ("response_ids", "response_mask", "rollout_logprobs", "old_logprobs", "ref_logprobs", "values",
+TOKEN_FIELDS = ("response_ids", "response_mask", "rollout_logprobs", "rollout_versions", "old_logprobs",
+                "ref_logprobs", "values",
                 "token_level_rewards", "advantages", "returns", "cost_values", "cost_returns", "response_routes",
                 "env_mask", "turn_rewards")
 PROMPT_FIELDS = ("prompt_ids", "prompt_mask", "prompt_routes")

@@ -236,7 +236,7 @@ class VerlTrainer(Trainer):
             with self.compute_loss_context_manager():
                 logprobs, entropy = self.actor.compute_logprobs(mb, model=model, with_entropy=entropy_needed(
                     self.args, self.state), entropy_grad=self.args.entropy_coef > 0)
-                result = self.policy_update.actor_loss(mb, logprobs, entropy)
+                result = self.policy_update.actor_loss(mb, logprobs, entropy, self.state.global_step)
             if self.is_deepspeed_enabled:  # its engine steps inside backward: check before (nonfinite.py)
                 check_finite_loss(result.loss, self._reduce_sum, self.state.global_step + 1)
             self.accelerator.backward(result.loss, **({"scale_wrt_gas": False} if self.is_deepspeed_enabled else {}))

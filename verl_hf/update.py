@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .algorithms import agg_loss, kl_penalty, masked_mean, policy_loss_spec, rollout_is_weights, value_loss
+from .algorithms import (agg_loss, kl_penalty, loglinear_proximal_logprobs, masked_mean, policy_loss_spec,
+                         rollout_is_weights, value_loss)
 from .algorithms.registry import CLIP_FIELDS
 from .settings import Settings
 
@@ -47,6 +48,7 @@ class UpdateSettings(Settings):
     rollout_is_threshold_low: float | None
     cliprange_value: float
     on_nonfinite: str
+    proximal_logprobs: str
 
 
 def bind_policy_loss(settings: UpdateSettings):
@@ -64,9 +66,11 @@ class PolicyUpdate:
         self.settings, self.kl_controller = settings, kl_controller
         self.policy_loss = bind_policy_loss(settings)  # a wrong policy_loss_kwargs key fails here, early
 
-    def actor_loss(self, mb, logprobs: torch.Tensor, entropy: torch.Tensor | None) -> ActorLoss:
+    def actor_loss(self, mb, logprobs: torch.Tensor, entropy: torch.Tensor | None,
+                   trainer_version: int = 0) -> ActorLoss:
+        """`trainer_version`: the optimizer steps the trained weights have seen (asynchronous training)."""
         s, mask, norm = self.settings, mb.response_mask.float(), mb.loss_norm
-        old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
+        old = self.proximal_logprobs(mb, logprobs, trainer_version)
         advantages, metrics = self.corrected_advantages(mb, old)
         loss, loss_metrics = self.policy_loss(old, logprobs, advantages, mask, norm)
         metrics.update({f"actor/{k}": v for k, v in loss_metrics.items()})
@@ -83,6 +87,18 @@ class PolicyUpdate:
         if s.entropy_coef:
             loss = loss - s.entropy_coef * agg_loss(entropy, mask, norm)
         return ActorLoss(loss, metrics, kl_observed)
+
+    def proximal_logprobs(self, mb, logprobs: torch.Tensor, trainer_version: int) -> torch.Tensor:
+        """The ratio's denominator: the stored old log-probs, else the live ones detached (one update per round:
+        the weights at the step's start); with proximal_logprobs='loglinear', AReaL's interpolation from each
+        token's version instead."""
+        if self.settings.proximal_logprobs == "loglinear":
+            if mb.rollout_versions is None or mb.rollout_logprobs is None:
+                raise RuntimeError("proximal_logprobs='loglinear' needs each token's version and sampling log-prob, "
+                                   "which this round does not carry; please report this.")
+            return loglinear_proximal_logprobs(mb.rollout_logprobs, logprobs, mb.rollout_versions, trainer_version,
+                                               mb.response_mask)
+        return mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
 
     def corrected_advantages(self, mb, old_logprobs: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """With `rollout_is`: advantages x the truncated/masked weights pi_old / pi_rollout (see

@@ -43,7 +43,7 @@ from .losses import LOSS_AGG_MODES, LossNorm, agg_loss, sequence_count, value_lo
 from .advantages import SINGLETON_ADVANTAGES, gae_advantages, grpo_advantages, remax_advantages, rloo_advantages
 from .policy_losses import ClippedSurrogate, clipped_surrogate, ppo_clip_loss, reinforce_loss  # registers every loss
 from .rollout_correction import IS_LEVELS, IS_MODES, rollout_is_weights
-from .off_policy import loglinear_proximal_logprobs, staleness_metrics, token_staleness
+from .off_policy import loglinear_proximal_logprobs, partial_fraction, staleness_metrics, token_staleness
 from .lagrangian import lagrange_multiplier_step, lagrangian_advantages, unsafe_rate
 from .kl_control import KL_CONTROLLERS, AdaptiveKLController, FixedKLController, PIDKLController, make_kl_controller
 
@@ -94,6 +94,7 @@ __all__ = [
     "IS_MODES",
     "rollout_is_weights",
     "loglinear_proximal_logprobs",
+    "partial_fraction",
     "staleness_metrics",
     "token_staleness",
     "lagrange_multiplier_step",

@@ -39,10 +39,27 @@ def token_staleness(token_versions: Tensor, response_mask: Tensor, trainer_versi
 
 
 def staleness_metrics(token_versions: Tensor, response_mask: Tensor, trainer_version: int) -> dict[str, float]:
-    """`async/staleness_mean` and `async/staleness_max` over response tokens (0 for an empty mask)."""
+    """`async/staleness_mean` and `async/staleness_max` over response tokens (0 for an empty mask), and
+    `async/partial_frac`: the share of responses sampled by more than one version (a weight load mid-sequence)."""
     staleness = token_staleness(token_versions, response_mask, trainer_version).float()
     return {"async/staleness_mean": masked_mean(staleness, response_mask).item(),
-            "async/staleness_max": float(staleness.max()) if staleness.numel() else 0.0}
+            "async/staleness_max": float(staleness.max()) if staleness.numel() else 0.0,
+            "async/partial_frac": partial_fraction(token_versions, response_mask)}
+
+
+def partial_fraction(token_versions: Tensor, response_mask: Tensor) -> float:
+    """Share of the rows with a response token whose tokens carry more than one version.  (B, T) x2 -> float.
+
+    Formula: mean over rows with sum(mask) > 0 of [max_t v_b != min_t v_b] (t over response tokens); 0 if none.
+    """
+    mask = response_mask.bool()
+    rows = mask.any(dim=1)
+    if not bool(rows.any()):
+        return 0.0
+    versions = token_versions.long()
+    newest = versions.masked_fill(~mask, torch.iinfo(torch.long).min).max(dim=1).values
+    oldest = versions.masked_fill(~mask, torch.iinfo(torch.long).max).min(dim=1).values
+    return float((newest != oldest)[rows].float().mean())
 
 
 def loglinear_proximal_logprobs(behaviour_logprobs: Tensor, current_logprobs: Tensor, token_versions: Tensor,

@@ -7,11 +7,14 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from ..algorithms import advantage_spec
-from .applies import VLLM_SERVER, _help, raise_first_failed
+from .applies import Applies, VLLM_SERVER, _help, one_of, raise_first_failed
 
 IN_PROCESS = ("the producer samples while the trainer updates; the in-process engines (the HF engine, colocated "
               "vLLM) would sample on the cores and memory the update uses, and a producer for them is not built yet: "
               "the vLLM server samples in its own process")
+
+ASYNCHRONOUS = Applies("max_staleness >= 1 (asynchronous training)", lambda c, g: c.max_staleness >= 1,
+                       ("max_staleness",)).because("a synchronous step never loads weights while it samples")
 
 
 @dataclass
@@ -26,7 +29,26 @@ class AsyncFields:
                        "rollout_is (AReaL's decoupled PPO). Evaluation samples with the trainer's weights; a "
                        "callback sampling through trainer.actor during training gets the server's (at most k steps "
                        "old). Logs async/staleness_mean, async/staleness_max, async/trainer_wait_s, "
-                       "async/producer_wait_s, async/queue_size."),
+                       "async/producer_wait_s, async/queue_size, async/partial_frac."),
+    )
+    partial_rollouts: Annotated[bool, ASYNCHRONOUS] = field(
+        default=False,
+        metadata=_help("True: a weight push does not wait for the generation in flight: the server pauses it, "
+                       "loads the new weights and continues each unfinished response from the tokens it has, "
+                       "recomputing their keys and values with the new weights, so a response may be sampled by "
+                       "several versions (each token keeps the version and the log-prob it was sampled with; "
+                       "async/partial_frac is the share of such responses). Long responses then stop holding the "
+                       "weights back. False: a push waits until the generation ends. Needs the server's "
+                       "/inference/v1/generate (`verl-hf vllm-serve` starts it with --enable-scale-out)."),
+    )
+    proximal_logprobs: Annotated[str, ASYNCHRONOUS] = field(
+        default="recompute",
+        metadata=_help("The PPO ratio's proximal policy (AReaL's decoupled PPO) under max_staleness >= 1. "
+                       "'recompute': the trainer's weights at the step's start, exact (with one update per round "
+                       "these are the live log-probs detached: no extra forward). 'loglinear': AReaL's "
+                       "approximation, each token's behaviour log-prob moved towards the current policy's by "
+                       "s / (s + 1) for a token s steps stale (a fresh token keeps its behaviour log-prob, so its "
+                       "rollout_is weight is 1); see verl_hf/algorithms/off_policy.py."),
     )
 
 
@@ -50,8 +72,12 @@ def _not_yet(cfg) -> list[tuple[bool, str]]:
     ]  # routing_replay needs no entry: the vLLM server engine refuses it already (config/generation.py)
 
 
+PROXIMAL_LOGPROBS = ("recompute", "loglinear")
+
+
 def check_async(cfg) -> None:
     raise_first_failed(cfg, [("max_staleness", cfg.max_staleness >= 0, "must be >= 0 (0: synchronous)")])
+    one_of("proximal_logprobs", cfg.proximal_logprobs, PROXIMAL_LOGPROBS)
     if cfg.max_staleness == 0 or cfg.rollout_engine != "vllm_server":
         return  # another engine: refused by the field's condition, with its reason (applies.py)
     if cfg.rollout_is is None:

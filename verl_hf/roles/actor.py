@@ -98,7 +98,7 @@ class Actor(TrainableRole):
         return RolloutBatch(
             prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, response_ids=out.response_ids,
             response_mask=out.response_mask, truncated=out.truncated, rollout_logprobs=out.logprobs,
-            prompt_routes=out.prompt_routes, response_routes=out.response_routes,
+            rollout_versions=out.versions, prompt_routes=out.prompt_routes, response_routes=out.response_routes,
             group_ids=torch.arange(len(ids), device=out.response_ids.device).repeat_interleave(n),
             prompts=[row.get("prompt", self.tokenizer.decode(p)) for row, p in zip(rows, ids) for _ in range(n)],
             completions=self.tokenizer.batch_decode(out.response_ids, skip_special_tokens=True),

@@ -45,6 +45,8 @@ class Rollout:
     response_mask (B, Lr), truncated (B,) bool, logprobs (B, Lr) sampling log-probs or None.
     prompt_routes (B, Lp, L, k) / response_routes (B, Lr, L, k): int16 expert ids each token was routed to
     in each MoE layer (verl_hf/routing.py; -1: none recorded), when sampled with `return_routes`.
+    versions (B, Lr) long: the label (`label_weights`) of the weights that sampled each token, from an engine
+    that `pauses_for_weights`, once every token it returned was sampled by labelled weights; 0 on padding.
     """
 
     prompt_ids: torch.Tensor
@@ -55,6 +57,7 @@ class Rollout:
     logprobs: torch.Tensor | None = None
     prompt_routes: torch.Tensor | None = None
     response_routes: torch.Tensor | None = None
+    versions: torch.Tensor | None = None
 
 
 class RolloutEngine(abc.ABC):
@@ -84,6 +87,11 @@ class RolloutEngine(abc.ABC):
 
     returns_routes: bool = False
     """True: `generate` with `return_routes` fills the Rollout's MoE routes (for routing replay)."""
+
+    pauses_for_weights: bool = False
+    """True: a weight sync may run while `generate` calls are in flight, inside `paused_for_weights()`: their
+    unfinished sequences continue with the new weights once it ends (partial rollouts), and `generate` returns
+    each token's weight label in `Rollout.versions`."""
 
     dtype: torch.dtype | None = None
     """The dtype the sync casts weights to before `load_weights`; None pushes them in the training dtype."""
@@ -115,6 +123,16 @@ class RolloutEngine(abc.ABC):
     def get_weights(self, names: list[str]) -> dict[str, torch.Tensor]:
         """The engine's current tensors under these names, for `sync_verify`'s bitwise check."""
         raise NotImplementedError(self._no_weights("get_weights") + " (sync_verify needs it; or set sync_verify=False)")
+
+    def label_weights(self, version: int) -> None:
+        """Name the weights now loaded (the optimizer steps they have seen): the label `Rollout.versions` gives
+        the tokens they sample. Default: nothing (an engine without per-token versions)."""
+
+    def paused_for_weights(self):
+        """A context manager (engines that `pauses_for_weights`): generation stops within it, unfinished
+        sequences kept, so that a weight sync can load new weights; they continue with those after it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot pause generation for a weight sync "
+                                  f"(pauses_for_weights=False).")
 
     def sleep(self) -> None:
         """Free the engine's memory while training updates the weights; the next sync wakes it (an update

@@ -17,6 +17,7 @@ See it work: tests/test_rollout_vllm_server.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import urllib.error
@@ -61,7 +62,7 @@ class VLLMServerEngine(RolloutEngine):
         self._meta = hf_meta_model(config)
         self._names, tied = hf_weight_names(self._meta)
         self._tied = self._tied_copies_it_has(tied)
-        self._sender, self._version = None, 0
+        self._sender = None
         self.tokens_route = self._has_tokens_route()
 
     def _has_tokens_route(self) -> bool:
@@ -148,9 +149,30 @@ class VLLMServerEngine(RolloutEngine):
             server_side.result()
 
     def finish_sync(self) -> None:
-        self._version += 1
-        self._call("POST", "/finish_weight_update", {"weight_version": str(self._version)})
+        self._call("POST", "/finish_weight_update")  # the weights keep their label until label_weights
         self._call("POST", "/reset_prefix_cache")  # cached KV blocks were computed with the old weights
+
+    def label_weights(self, version: int) -> None:
+        self._call("POST", "/update_weight_version", {"new_version": str(version)})
+
+    @property
+    def pauses_for_weights(self) -> bool:
+        return self.tokens_route  # the completions API returns no weight spans to continue a choice with
+
+    @contextlib.contextmanager
+    def paused_for_weights(self):
+        """vLLM's pause with mode=abort: the unfinished choices come back with the tokens they have and
+        `generate` sends each again as prompt + tokens, which the server queues until /resume. The new weights
+        then compute the whole prefix again: mode=keep would keep KV computed by the old weights, and the tokens
+        after the switch would follow neither policy (PipelineRL accepts that; we match the trainer's forward)."""
+        if not self.tokens_route:
+            raise RuntimeError(f"The vLLM server at {self.url} has no {TOKENS_ROUTE} (start it with "
+                               f"--enable-scale-out, as `verl-hf vllm-serve` does): partial rollouts need it.")
+        self._call("POST", "/pause?mode=abort")
+        try:
+            yield
+        finally:
+            self._call("POST", "/resume")
 
     def get_weights(self, names):
         raise NotImplementedError(NO_HF_WEIGHTS)
@@ -159,25 +181,92 @@ class VLLMServerEngine(RolloutEngine):
     def generate(self, prompt_ids: list[list[int]], params: SamplingConfig) -> Rollout:
         if not prompt_ids:
             raise ValueError("VLLMServerEngine.generate got no prompts.")
+        requests = self._requests(prompt_ids, params)
+        with ThreadPoolExecutor(min(64, len(requests))) as pool:
+            choices = [c for answer in pool.map(self._choices, requests) for c in answer]
+        logprobs = [_chosen_logprobs(c, self.tokens_route) for c in choices] if params.return_logprobs else None
+        rollout = rollout_from_tokens(prompt_ids, [c["token_ids"] for c in choices], logprobs,
+                                      params.num_return_sequences, self.pad_token_id, self.eos_token_ids)
+        if self.tokens_route:
+            rollout.versions = _token_versions(choices, rollout.response_mask)
+        return rollout
+
+    def _requests(self, prompt_ids: list[list[int]], params: SamplingConfig) -> list[dict]:
+        """One request body per prompt, for the route the server has."""
         fields = {k: v for k, v in sampling_fields(params, self.eos_token_ids).items() if v is not None}
         # Neutral values sent explicitly: the server would otherwise fill them from the model's
         # generation_config.json (e.g. a repetition_penalty), sampling off-policy.
         fields.update(NEUTRAL_SAMPLING)
         seeds = request_seeds(params, len(prompt_ids))
         if self.tokens_route:
-            route, sampling = TOKENS_ROUTE, dict(fields, detokenize=False)
-            requests = [{"model": self.model_name, "token_ids": list(p), "sampling_params": dict(sampling, seed=s)}
-                        for p, s in zip(prompt_ids, seeds)]
-        else:
-            route, base = "/v1/completions", dict(fields, model=self.model_name, return_token_ids=True,
-                                                 skip_special_tokens=False)
-            requests = [dict(base, prompt=list(p), seed=s) for p, s in zip(prompt_ids, seeds)]
-        with ThreadPoolExecutor(min(64, len(requests))) as pool:
-            answers = list(pool.map(lambda body: self._call("POST", route, body), requests))
-        choices = [c for answer in answers for c in sorted(answer["choices"], key=lambda c: c["index"])]
-        logprobs = [_chosen_logprobs(c, self.tokens_route) for c in choices] if params.return_logprobs else None
-        return rollout_from_tokens(prompt_ids, [c["token_ids"] for c in choices], logprobs,
-                                   params.num_return_sequences, self.pad_token_id, self.eos_token_ids)
+            sampling = dict(fields, detokenize=False)
+            return [{"model": self.model_name, "token_ids": list(p), "sampling_params": dict(sampling, seed=s)}
+                    for p, s in zip(prompt_ids, seeds)]
+        base = dict(fields, model=self.model_name, return_token_ids=True, skip_special_tokens=False)
+        return [dict(base, prompt=list(p), seed=s) for p, s in zip(prompt_ids, seeds)]
+
+    def _choices(self, request: dict) -> list[dict]:
+        """One request's choices in index order, each finished: a choice that a pause for weights aborted
+        (paused_for_weights) is sent again as its prompt + the tokens it has, for the tokens still to come."""
+        if not self.tokens_route:  # never paused (paused_for_weights refuses): nothing to continue
+            return sorted(self._call("POST", "/v1/completions", request)["choices"], key=lambda c: c["index"])
+        answered = {c["index"]: c for c in self._call("POST", TOKENS_ROUTE, request)["choices"]}
+        choices = []
+        for index in range(request["sampling_params"]["n"]):
+            # a choice aborted before it was scheduled may be missing: it starts again from its prompt
+            choice = answered.get(index) or {"index": index, "finish_reason": "abort", "token_ids": []}
+            while choice["finish_reason"] == "abort":
+                rest = _continuation(request, choice)
+                if rest is None:  # aborted with every allowed token: it ended by length
+                    choice = dict(choice, finish_reason="length")
+                    break
+                choice = _joined(choice, self._call("POST", TOKENS_ROUTE, rest)["choices"][0])
+            choices.append(choice)
+        return choices
+
+
+def _continuation(request: dict, so_far: dict) -> dict | None:
+    """The request for the rest of an aborted choice: the prompt + its tokens, one sample, the tokens still
+    allowed, and a seed of its own (the request's, with the choice and its length mixed in: the same pause point
+    gives the same tokens). None when no token is left to sample."""
+    tokens = list(so_far.get("token_ids") or [])
+    sampling = request["sampling_params"]
+    left = sampling["max_tokens"] - len(tokens)
+    if left <= 0:
+        return None
+    seed = sampling.get("seed")
+    if seed is not None:
+        seed = (seed * 1_000_003 + so_far["index"] * 65_537 + len(tokens)) % 2**31
+    return dict(request, token_ids=request["token_ids"] + tokens,
+                sampling_params=dict(sampling, n=1, max_tokens=left, seed=seed))
+
+
+def _joined(first: dict, rest: dict) -> dict:
+    """One choice of an aborted choice and its continuation: tokens, log-probs and weight spans in order."""
+    done = len(first.get("token_ids") or [])
+    spans = [*(first.get("weight_versions") or []),
+             *(dict(s, start=s["start"] + done, end=s["end"] + done) for s in rest.get("weight_versions") or [])]
+    logprobs = rest.get("logprobs")
+    if logprobs is not None and done:
+        logprobs = dict(logprobs, content=first["logprobs"]["content"] + logprobs["content"])
+    return dict(rest, index=first["index"], token_ids=list(first.get("token_ids") or []) + rest["token_ids"],
+                logprobs=logprobs, weight_versions=spans)
+
+
+def _token_versions(choices: list[dict], response_mask: torch.Tensor) -> torch.Tensor | None:
+    """(B, Lr) each token's weight label from the choices' spans (0 on padding); None unless every token is
+    covered by an integer label (label_weights: a server never labelled says "default")."""
+    versions = torch.zeros(response_mask.shape, dtype=torch.long)
+    for row, choice in enumerate(choices):
+        covered = 0
+        for span in choice.get("weight_versions") or []:
+            if not str(span["version"]).lstrip("-").isdigit():
+                return None
+            versions[row, span["start"]:span["end"]] = int(span["version"])
+            covered = max(covered, span["end"])
+        if covered < len(choice["token_ids"]):
+            return None
+    return versions * response_mask
 
 
 def _chosen_logprobs(choice: dict, tokens_route: bool) -> list[float]:
