@@ -43,7 +43,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-from transformers import TrainerCallback  # noqa: E402 - after HF_HUB_OFFLINE, which it reads at import
+from transformers import PrinterCallback, TrainerCallback  # noqa: E402 - after HF_HUB_OFFLINE, read at import
 REPO = Path(__file__).resolve().parents[1]
 WARM_START = str(REPO / "verl_hf" / "demo" / "warm_start")
 
@@ -75,6 +75,15 @@ def server(cores: str, compute: str, log: Path):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def cpu_name() -> str:
+    """The CPU's model name (CPUs of one kind train along different trajectories: say which one a figure is from)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
 
 
 def modes(args) -> list[str]:
@@ -136,7 +145,7 @@ def median(values):
 
 def report(results: dict[str, dict[str, list[dict]]], args) -> None:
     print(f"\n{args.batch} completions x up to {args.response} tokens, {args.steps} steps, median of "
-          f"{args.repeats} alternating runs (this machine: {platform.processor() or platform.machine()}, "
+          f"{args.repeats} alternating runs (this machine: {cpu_name()}, "
           f"{os.cpu_count()} cores)\n")
     print("| split | max_staleness (p: partial) | s/step | tokens/s | trainer wait s | producer wait s | "
           "staleness max | partial frac | accuracy before -> after |\n|---|---:|---:|---:|---:|---:|---:|---:|---|")
@@ -201,6 +210,7 @@ def demo_run(url: str, staleness: int, seed: int, args, out: str) -> list[tuple[
     clock = TrainingClock()
     trainer = VerlTrainer(model=load_policy_path(script.model_name_or_path), args=config, train_dataset=train,
                           eval_dataset=test, callbacks=[clock])
+    trainer.remove_callback(PrinterCallback)  # a dict a step; the points are printed after the run
     before = trainer.evaluate()["eval_accuracy"]
     trainer.train()
     return [(0, 0.0, before)] + clock.points
@@ -215,6 +225,8 @@ def curve(args, tmp: str) -> dict[tuple[int, int], list]:
     torch.set_num_threads(threads)
     runs = {}
     with server(server_cores, server_compute, Path(tmp) / "server_curve.log") as url:
+        demo_run(url, 0, 0, argparse.Namespace(**{**vars(args), "demo_steps": 10, "eval_steps": 10}),
+                 f"{tmp}/curve_warmup")  # discarded: the server's and the trainer's first steps are slower
         for seed in args.seeds:
             for staleness in (0, 1):
                 runs[staleness, seed] = demo_run(url, staleness, seed, args, f"{tmp}/curve_{seed}_{staleness}")
@@ -230,7 +242,7 @@ def report_curve(runs: dict[tuple[int, int], list], args) -> None:
     import matplotlib.pyplot as plt
 
     print(f"\nthe demo ({args.demo_steps} steps) on the vLLM server, split 1+1 (this machine: "
-          f"{platform.processor() or platform.machine()})\n")
+          f"{cpu_name()})\n")
     print("| seed | sync gain | k=1 gain at equal steps | sync s | k=1 s at equal steps | k=1 s to reach the sync "
           "final accuracy (ratio) |\n|---|---:|---:|---:|---:|---|")
     gains, ratios = {0: [], 1: []}, []
@@ -239,7 +251,7 @@ def report_curve(runs: dict[tuple[int, int], list], args) -> None:
         at_end = next(p for p in k1 if p[0] == args.demo_steps)
         gains[0].append(100 * (sync[-1][2] - sync[0][2]))
         gains[1].append(100 * (at_end[2] - k1[0][2]))
-        reached = next((p for p in k1 if p[2] >= sync[-1][2]), None)
+        reached = next((p for p in k1 if p[0] > 0 and p[2] >= sync[-1][2]), None)
         ratios.append(reached[1] / sync[-1][1] if reached else float("inf"))
         print(f"| {seed} | {gains[0][-1]:+.1f} | {gains[1][-1]:+.1f} | {sync[-1][1]:.0f} | {at_end[1]:.0f} | "
               + (f"{reached[1]:.0f} at step {reached[0]} ({ratios[-1]:.2f}x) |" if reached else "not reached |"))

@@ -4,7 +4,8 @@
 # Reports generation tokens/s, sync seconds and GB/s, and GPU memory; then, where trl is installed, rows a and b
 # of benchmarks/vs_trl.py on a Qwen2.5-0.5B-shaped model, the GSM8K GRPO recipe for 30 steps, and MoE routing
 # replay through vLLM's routed experts; and FSDP2 with colocated vLLM (sync figures, vLLM vs trainer log-prob
-# gap). Aims to finish within 14 minutes.
+# gap); and the vLLM server on the same GPU, synchronous and one step off-policy with partial rollouts
+# (staleness, partial share, log-prob agreement after in-flight updates). Aims to finish within 14 minutes.
 #
 #   bash scripts/gpu_check.sh            # from the repository root, on the GPU machine
 #
@@ -99,7 +100,28 @@ $PY -m accelerate.commands.launch --config_file examples/accelerate/zero3.yaml -
     --max_steps 10 --logging_steps 5 --eval_strategy no --save_strategy no \
     --per_device_train_batch_size 64 --gradient_accumulation_steps 2 --max_response_length 32 \
     2>&1 | tee "$OUT/server_train.log" | grep -E "Error|error|Traceback" | tail -20 || true
+echo "== asynchronous: the same run one step off-policy (max_staleness=1) with partial rollouts, same server"
+# The producer samples the next round while ZeRO-3 updates; pushes land inside generations (vLLM's pause with
+# abort, the unfinished responses continued with the new weights). rollout_is/mismatch_k1 is the engine's
+# against the trainer's log-probs of the same tokens; async/partial_frac the responses that span two versions.
+$PY -m accelerate.commands.launch --config_file examples/accelerate/zero3.yaml --num_processes 1 \
+    --mixed_precision bf16 -m verl_hf.cli train examples/configs/demo.yaml \
+    --model_name_or_path "$OUT/model" --output_dir "$OUT/async_run" --use_cpu false --bf16 true \
+    --rollout_engine vllm_server --vllm_server_url http://127.0.0.1:8011 \
+    --max_staleness 1 --partial_rollouts true --rollout_is token \
+    --max_steps 10 --logging_steps 1 --eval_strategy no --save_strategy no \
+    --per_device_train_batch_size 64 --gradient_accumulation_steps 2 --max_response_length 32 \
+    2>&1 | tee "$OUT/async_train.log" | grep -E "Error|error|Traceback" | tail -20 || true
 kill $SERVER || true
+$PY - "$OUT/server_run/log_history.json" "$OUT/async_run/log_history.json" <<'PYEOF' || echo "async: no log (see $OUT/async_train.log)"
+import json, sys
+runtime = lambda path: next(h["train_runtime"] / h["step"] for h in json.load(open(path)) if "train_runtime" in h)
+logs = [h for h in json.load(open(sys.argv[2])) if "async/staleness_max" in h]
+print(f"async s/step {runtime(sys.argv[2]):.3f} (synchronous {runtime(sys.argv[1]):.3f}); staleness max "
+      f"{max(h['async/staleness_max'] for h in logs):.0f} (bound 1)")
+for key in ("async/staleness_mean", "async/partial_frac", "async/trainer_wait_s", "rollout_is/mismatch_k1"):
+    print(f"async {key:24s} {sum(h[key] for h in logs) / len(logs):.4f}")
+PYEOF
 $PY - "$OUT/server_run/log_history.json" <<'PYEOF' || echo "server mode: no log (see $OUT/server.log)"
 import json, sys
 logs = [h for h in json.load(open(sys.argv[1])) if "time/rollout" in h]

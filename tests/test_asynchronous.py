@@ -67,6 +67,16 @@ def test_a_slow_trainer_lets_the_producer_run_ahead_up_to_the_bound_and_no_furth
     assert not producers_alive()
 
 
+def test_rounds_that_feed_two_steps_count_their_staleness_at_their_first_step(server, tmp_path, addition):
+    """ppo_epochs=2 (a round feeds 2 optimizer steps) with max_staleness=2 and a slow trainer: the producer
+    samples the next round while the current one trains both its steps, with the weights at the current
+    round's start, so every round after the first is exactly 2 steps old at its first step."""
+    steps = _train(tmp_path, server, addition, 2, [SlowSteps(0.6)], max_steps=6, ppo_epochs=2)
+    assert [h["step"] for h in steps] == [1, 3, 5]  # logged once a round, at its first step
+    assert [h["async/staleness_max"] for h in steps] == [0, 2, 2]
+    assert not producers_alive()
+
+
 def test_a_slow_producer_makes_the_trainer_wait_and_stays_within_the_bound(server, tmp_path, addition):
     steps = _train(tmp_path, server, addition, 1, max_steps=5, reward_funcs=[slow_reward], reward_weights=[1.0])
     assert len(steps) == 5 and all(h["async/staleness_max"] <= 1 for h in steps)
@@ -212,13 +222,40 @@ def test_a_run_killed_mid_way_resumes_and_its_steps_continue(server, tmp_path):
     assert resumed[4]["async/staleness_max"] == 0  # the first round after a resume: sampled by the resumed weights
 
 
+@pytest.mark.parametrize("mode, partial", [("zero3", False), ("ddp", True)])
+def test_two_training_processes_sample_their_shares_ahead_and_push_together(server, tmp_path, mode, partial):
+    """`accelerate launch`, 2 processes (ZeRO-3: the push gathers the shards to process 0; DDP: process 0 holds
+    them) with one server and max_staleness=1: each process's producer samples its share of the next round
+    while both update (next_round checks its prompts against the process's dataloader), all push together,
+    process 0 feeding the server (without partial rollouts after every producer ended its generation; with
+    them inside process 0's pause of everyone's). The run ends on both processes, in step, with the same held-out
+    accuracy, every round within the bound and some sampled ahead."""
+    import json
+
+    from test_distributed import MODES, _run, _two_processes
+
+    out = tmp_path / mode
+    _run(tmp_path, _two_processes(MODES[mode]), out,
+         ["--max_steps", "4", "--eval_steps", "4", "--per_device_train_batch_size", "32", "--use_cpu", "false",
+          "--rollout_engine", "vllm_server", "--vllm_server_url", server, "--max_staleness", "1",
+          "--rollout_is", "token", "--partial_rollouts", str(partial).lower()],
+         {"ACCELERATE_USE_CPU": "true"} if mode == "ddp" else {})
+    rank0, rank1 = (json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert rank0["world_size"] == 2 and rank0["steps"] == rank1["steps"] == 4
+    assert rank0["accuracy_after"] == rank1["accuracy_after"]
+    logs = [h for h in json.loads((out / "log_history.json").read_text()) if "async/staleness_max" in h]
+    assert [h["step"] for h in logs] == [1, 2, 3, 4]
+    assert all(h["async/staleness_max"] <= 1 for h in logs) and max(h["async/staleness_mean"] for h in logs) > 0
+
+
 @pytest.mark.parametrize("fields, message", [
     (dict(rollout_engine="hf"), "takes effect only when rollout_engine='vllm_server'"),
     (dict(rollout_is=None), "set rollout_is='token'"),
     (dict(dynamic_sampling=True), "dynamic_sampling=True: its refills sample"),
     (dict(adv_estimator="remax"), "greedy baselines"),
     (dict(max_staleness=-1), "must be >= 0"),
-    (dict(ppo_epochs=2), "rounds that feed 2 optimizer steps"),
+    (dict(ppo_epochs=2), r"rounds that feed 2 optimizer steps.*Set max_staleness >= 2"),
+    (dict(ppo_epochs=2, max_staleness=2, proximal_logprobs="loglinear"), "the interpolation assumes"),
     (dict(ignore_data_skip=True), "ignore_data_skip=True"),
     (dict(cost_funcs=["examples/safe_rlhf/task.py:forbidden_digit"], cost_limit=0.05), "cannot run with Safe-RLHF"),
     (dict(tools=["verl_hf.agent.tools:calculator"]), "cannot run with tools"),

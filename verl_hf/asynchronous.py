@@ -14,10 +14,20 @@ stale samples drops the slow, long ones first and biases the data towards short 
 weight push never overlap (one lock): the trainer pushes whenever the engine is behind and the producer is
 between generations, and does not wait for it otherwise. With partial_rollouts the trainer pushes into the
 generation in flight instead, inside the engine's pause (engine.paused_for_weights): unfinished responses
-continue with the new weights, each token labelled with the version that sampled it. The trainer then plans the round (reference and
-proximal log-probs, values, advantages) with its own current weights; rollout_is corrects for the sampling
-policy (AReaL's decoupled PPO, algorithms/off_policy.py). A checkpoint does not hold the rounds sampled ahead:
-a resumed run samples them again from the resumed weights.
+continue with the new weights, each token labelled with the version that sampled it. The trainer then plans the
+round (reference and proximal log-probs, values, advantages) with its own current weights; rollout_is corrects
+for the sampling policy (AReaL's decoupled PPO, algorithms/off_policy.py).
+
+With several training processes (DDP, ZeRO, FSDP2) each process has a producer sampling its own share of the
+round from the one server, and the push is collective (the ZeRO-3 / FSDP2 gathers, the failure every process
+learns): all processes push together at the start of each round, process 0 feeding the server. Without
+partial rollouts each first waits for its producer to end the generation it is in (at k = 1 the producer is
+then waiting for these weights anyway) and a barrier holds process 0 until every producer is still; with
+them, process 0 pauses the server's generations, every process's, for the push.
+
+A round that feeds m optimizer steps (ppo_epochs, generation_batch_size) counts its staleness at its first
+step; weights reach the engine between rounds. A checkpoint does not hold the rounds sampled ahead: a resumed
+run samples them again from the resumed weights.
 
 See it work: tests/test_asynchronous.py
 """
@@ -32,6 +42,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 
 from .algorithms import staleness_metrics
 from .batch import RolloutBatch
@@ -50,11 +61,17 @@ def make_rounds(args, builder, actor, metrics: MetricBuffer, train_dataset, coll
         raise ValueError(f"partial_rollouts=True, but {type(actor.engine).__name__} cannot pause its generation for a "
                          f"weight push (the vLLM server needs /inference/v1/generate: start it with "
                          f"--enable-scale-out, as `verl-hf vllm-serve` does); or set partial_rollouts=False.")
-    sampler = round_sampler(len(train_dataset), args)
+    if args.world_size > 1 and builder.scoring_is_collective():
+        raise ValueError(f"max_staleness={args.max_staleness} with {args.world_size} training processes: a reward or "
+                         f"cost model sharded over them (ZeRO-3, FSDP2) would score in every process's producer "
+                         f"thread, its gathers interleaved with the update's. Give each process a whole copy (DDP, "
+                         f"ZeRO-1/2), or set max_staleness=0.")
+    sampler = round_sampler(len(train_dataset), args)  # this process's share of each round
+    steps = args.micro_steps_per_round // args.gradient_accumulation_steps
     return AsynchronousRounds(builder, actor, metrics,
-                              lambda step: collate([train_dataset[i] for i in sampler.round_indices(step)]),
-                              max_staleness=args.max_staleness, last_step=last_step,
-                              partial_rollouts=args.partial_rollouts)
+                              lambda step: collate([train_dataset[i] for i in sampler.round_indices(step // steps)]),
+                              max_staleness=args.max_staleness, last_step=last_step, steps_per_round=steps,
+                              partial_rollouts=args.partial_rollouts, processes=args.world_size)
 
 
 class SynchronousRounds:
@@ -102,22 +119,30 @@ class AsynchronousRounds(SynchronousRounds):
     (None before the first push), the lock that keeps generation and the push apart, and the producer's error."""
 
     def __init__(self, builder, actor, metrics: MetricBuffer, rows_of_round: Callable[[int], list[dict]], *,
-                 max_staleness: int, last_step: Callable[[], int], partial_rollouts: bool = False):
-        """`rows_of_round(s)`: the prompt rows of the round that trains optimizer step s (a round feeds one step:
-        config/asynchronous.py refuses more); `last_step()`: the run's max_steps (no round is sampled past it);
-        `partial_rollouts`: push into a generation in flight, paused for it (engine.paused_for_weights)."""
+                 max_staleness: int, last_step: Callable[[], int], steps_per_round: int = 1,
+                 partial_rollouts: bool = False, processes: int = 1):
+        """`rows_of_round(s)`: this process's prompt rows of the round whose first optimizer step is s (each
+        round feeds `steps_per_round` steps; its staleness is counted at the first, and the bound needs
+        max_staleness >= steps_per_round to let the producer sample ahead: config/asynchronous.py); `last_step()`:
+        the run's max_steps (no round is sampled past it); `partial_rollouts`: push into a generation in flight,
+        paused for it (engine.paused_for_weights); `processes`: the training processes sharing the engine (> 1:
+        they push together, once a round)."""
         super().__init__(builder, actor, metrics)
         self.rows_of_round, self.max_staleness, self.last_step = rows_of_round, max_staleness, last_step
-        self.partial_rollouts = partial_rollouts
+        self.steps_per_round = steps_per_round
+        self.partial_rollouts, self.processes = partial_rollouts, processes
+        self._feeds_engine = actor.weight_sync is None or actor.weight_sync.owns_engine  # process 0 of a shared one
         self._changed, self._engine = threading.Condition(), threading.Lock()
         # `_run` numbers the producers: a producer still inside a generation when close() gave up on it finds
         # its number out of date and its results are dropped (it cannot pass a round of rolled-back weights on).
         self._thread, self._run = None, 0
-        self._done: dict[int, ProducedRound] = {}  # by the step each trains
+        self._done: dict[int, ProducedRound] = {}  # by the first step each trains
         self._next, self._version, self._error = 0, None, None
 
     def next_round(self, rows: list[dict], step: int, micro_step: int):
         self._start_at(step)
+        if self.processes > 1:
+            self._push_with_the_others(step)
         produced, waited = self._take(step)
         if [list(r["prompt_ids"]) for r in rows] != produced.prompt_ids:
             raise RuntimeError(f"the round sampled ahead for step {step} has other prompts than the dataloader's; "
@@ -138,7 +163,10 @@ class AsynchronousRounds(SynchronousRounds):
     def engine_held(self, step: int):
         """The engine for evaluation, with the trainer's weights: waits for the producer's generation to end."""
         with self._engine:
-            self._push_holding_engine(step)
+            if self.processes == 1:
+                self._push_holding_engine(step)
+            elif self._behind():
+                self._push_in_step(step)
             yield
 
     def reset(self) -> None:
@@ -174,7 +202,8 @@ class AsynchronousRounds(SynchronousRounds):
         waited. The producer's error is raised here, with its traceback."""
         started, pushing = time.perf_counter(), 0.0
         while True:
-            pushing += self._push_if_free(step)
+            if self.processes == 1:  # several: pushed together with the others before (_push_with_the_others)
+                pushing += self._push_if_free(step)
             with self._changed:
                 if step in self._done:  # the push is time/sync, not waiting
                     return self._done.pop(step), time.perf_counter() - started - pushing
@@ -189,8 +218,7 @@ class AsynchronousRounds(SynchronousRounds):
     def _push_if_free(self, step: int) -> float:
         """Push the weights if the engine is behind and the producer is not generating, or with partial rollouts
         into its generation, paused meanwhile; the seconds it took."""
-        behind = self.actor.engine_is_stale or self._version is None  # None: no version recorded since a reset
-        if not behind:
+        if not self._behind():
             return 0.0
         started = time.perf_counter()
         if self._engine.acquire(blocking=False):
@@ -206,9 +234,32 @@ class AsynchronousRounds(SynchronousRounds):
             return 0.0
         return time.perf_counter() - started
 
+    def _behind(self) -> bool:
+        return self.actor.engine_is_stale or self._version is None  # None: no version recorded since a reset
+
+    def _push_with_the_others(self, step: int) -> None:
+        """Several training processes: all push here together, at the start of the round (the push is
+        collective). Each first stops its producer between generations, unless process 0 pauses them all."""
+        if not self._behind():
+            return
+        if self.partial_rollouts:
+            self._push_in_step(step)
+        else:
+            with self._engine:
+                self._push_in_step(step)
+
+    def _push_in_step(self, step: int) -> None:
+        """Every process at once; this one's producer is between generations, or partial rollouts pause them."""
+        dist.barrier()  # process 0 loads weights only once every producer is still (DDP has no gather to wait in)
+        pause = self.actor.engine.paused_for_weights() if self.partial_rollouts and self._feeds_engine else None
+        with pause or contextlib.nullcontext():
+            self._push_holding_engine(step)
+            dist.barrier()  # no producer samples the new version before the server says it has it
+
     def _push_holding_engine(self, step: int) -> None:
         self.push()
-        self.actor.engine.label_weights(step)  # what each token's Rollout.versions says
+        if self._feeds_engine:
+            self.actor.engine.label_weights(step)  # what each token's Rollout.versions says
         with self._changed:
             self._version = step
             self._changed.notify_all()
@@ -222,9 +273,9 @@ class AsynchronousRounds(SynchronousRounds):
                 with self._changed:
                     if produced is None or run != self._run:
                         return
-                    self._done[step], self._next = produced, step + 1
+                    self._done[step], self._next = produced, step + self.steps_per_round
                     self._changed.notify_all()
-                step += 1
+                step += self.steps_per_round
         except BaseException as error:  # noqa: BLE001 - handed to the trainer, which raises it
             with self._changed:
                 if run == self._run:

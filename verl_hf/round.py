@@ -172,12 +172,12 @@ class RoundBuilder:
         process refills as long as any process is short, so that all call them equally often (a full process's
         extra groups are trimmed away)."""
         short = _num_groups(kept) < self.settings.prompts_per_round
-        if not (getattr(self.actor.engine, "calls_are_collective", False) or self._scoring_is_collective()):
+        if not (getattr(self.actor.engine, "calls_are_collective", False) or self.scoring_is_collective()):
             return short
         device = self.settings.device if self.settings.world_size > 1 else "cpu"
         return bool(self.reduce_sum(torch.tensor([float(short)], device=device)).item() > 0)
 
-    def _scoring_is_collective(self) -> bool:
+    def scoring_is_collective(self) -> bool:
         """A reward or cost model sharded over the processes (ZeRO-3, FSDP2): every refill's scoring is a
         collective too."""
         funcs = [f for _, f in self.rewards.funcs] + [f for _, f in getattr(self.constraint, "cost_funcs", ())]

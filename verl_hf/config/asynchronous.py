@@ -10,8 +10,10 @@ from ..algorithms import advantage_spec
 from .applies import Applies, VLLM_SERVER, _help, one_of, raise_first_failed
 
 IN_PROCESS = ("the producer samples while the trainer updates; the in-process engines (the HF engine, colocated "
-              "vLLM) would sample on the cores and memory the update uses, and a producer for them is not built yet: "
-              "the vLLM server samples in its own process")
+              "vLLM) would sample on the cores, memory and interpreter the update uses (measured on 2 CPU cores: an "
+              "HF generate thread beside an update thread, one core each, took 0.82x the speed of the two one "
+              "after the other on both cores; benchmarks/in_process_overlap.py), so no producer is built for them: "
+              "the vLLM server samples in its own process, on its own cores or GPUs")
 
 ASYNCHRONOUS = Applies("max_staleness >= 1 (asynchronous training)", lambda c, g: c.max_staleness >= 1,
                        ("max_staleness",)).because("a synchronous step never loads weights while it samples")
@@ -26,7 +28,9 @@ class AsyncFields:
                        "at most k optimizer steps older than those it trains; it waits at that bound rather than "
                        "sampling rounds that would be too old (nothing is dropped for age). The ratio is then taken "
                        "against the trainer's weights at the step's start and the sampling policy corrected by "
-                       "rollout_is (AReaL's decoupled PPO). Evaluation samples with the trainer's weights; a "
+                       "rollout_is (AReaL's decoupled PPO). A round that feeds m optimizer steps (ppo_epochs, "
+                       "generation_batch_size) counts its staleness at its first step; k >= m is needed to sample "
+                       "ahead. Evaluation samples with the trainer's weights; a "
                        "callback sampling through trainer.actor during training gets the server's (at most k steps "
                        "old). Logs async/staleness_mean, async/staleness_max, async/trainer_wait_s, "
                        "async/producer_wait_s, async/queue_size, async/partial_frac."),
@@ -56,13 +60,16 @@ def _not_yet(cfg) -> list[tuple[bool, str]]:
     """(holds, why it cannot run asynchronously yet) for each setting the producer does not cover."""
     steps_per_round = cfg.micro_steps_per_round // cfg.gradient_accumulation_steps
     return [
-        (steps_per_round > 1, f"rounds that feed {steps_per_round} optimizer steps (ppo_epochs={cfg.ppo_epochs}, "
-                              f"generation_batch_size={cfg.generation_batch_size}): the bound is kept per round, not "
-                              f"yet per optimizer step; sample one step's worth per round"),
+        (cfg.max_staleness < steps_per_round,
+         f"rounds that feed {steps_per_round} optimizer steps (ppo_epochs={cfg.ppo_epochs}, generation_batch_size="
+         f"{cfg.generation_batch_size}): a round's staleness is counted at its first step, and weights change only "
+         f"between rounds, so below max_staleness={steps_per_round} the producer could sample a round only once the "
+         f"one before is fully trained (synchronous). Set max_staleness >= {steps_per_round}"),
+        (steps_per_round > 1 and cfg.proximal_logprobs == "loglinear",
+         f"proximal_logprobs='loglinear' and rounds that feed {steps_per_round} optimizer steps: the interpolation "
+         f"assumes the policy being optimised is one step past the proximal one; use proximal_logprobs='recompute'"),
         (cfg.ignore_data_skip, "ignore_data_skip=True: a resumed run's dataloader starts its epoch again, while the "
                                "producer samples the rounds that the step count says"),
-        (cfg.world_size > 1, f"{cfg.world_size} training processes: every process must push and sample in step, "
-                             "which the producer does not do yet; train in one process"),
         (cfg.dynamic_sampling, "dynamic_sampling=True: its refills sample from the engine inside the trainer's step, "
                                "while the producer holds it"),
         (advantage_spec(cfg.adv_estimator).needs_greedy_baseline,
