@@ -107,6 +107,23 @@ def test_partial_rollouts_push_into_the_generation_in_flight(server, tmp_path, a
     assert not producers_alive()
 
 
+def test_a_server_left_paused_by_a_killed_run_is_resumed(server, tmp_path, addition):
+    """A run killed inside a pause for weights (kill -9 between /pause and /resume) leaves the server paused;
+    the next partial-rollout run resumes it before its producer samples, instead of queueing until timeout."""
+    import urllib.request
+
+    def post(route):
+        urllib.request.urlopen(urllib.request.Request(server + route, data=b"", method="POST"), timeout=30).read()
+
+    post("/pause?mode=abort")
+    try:
+        started = time.perf_counter()
+        steps = _train(tmp_path, server, addition, 1, max_steps=2, partial_rollouts=True, vllm_server_timeout_s=30)
+        assert len(steps) == 2 and time.perf_counter() - started < 60
+    finally:
+        post("/resume")
+
+
 def failing_reward(completions, **kwargs):
     failing_reward.calls += 1
     if failing_reward.calls == 3:
@@ -228,22 +245,23 @@ def test_two_training_processes_sample_their_shares_ahead_and_push_together(serv
     them) with one server and max_staleness=1: each process's producer samples its share of the next round
     while both update (next_round checks its prompts against the process's dataloader), all push together,
     process 0 feeding the server (without partial rollouts after every producer ended its generation; with
-    them inside process 0's pause of everyone's). The run ends on both processes, in step, with the same held-out
-    accuracy, every round within the bound and some sampled ahead."""
+    them inside process 0's pause of everyone's), and evaluation at step 2 holds every producer while all push.
+    The run ends on both processes, every round within the bound and some sampled ahead."""
     import json
 
     from test_distributed import MODES, _run, _two_processes
 
     out = tmp_path / mode
     _run(tmp_path, _two_processes(MODES[mode]), out,
-         ["--max_steps", "4", "--eval_steps", "4", "--per_device_train_batch_size", "32", "--use_cpu", "false",
+         ["--max_steps", "4", "--eval_steps", "2", "--per_device_train_batch_size", "32", "--use_cpu", "false",
           "--rollout_engine", "vllm_server", "--vllm_server_url", server, "--max_staleness", "1",
           "--rollout_is", "token", "--partial_rollouts", str(partial).lower()],
          {"ACCELERATE_USE_CPU": "true"} if mode == "ddp" else {})
     rank0, rank1 = (json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1))
     assert rank0["world_size"] == 2 and rank0["steps"] == rank1["steps"] == 4
-    assert rank0["accuracy_after"] == rank1["accuracy_after"]
-    logs = [h for h in json.loads((out / "log_history.json").read_text()) if "async/staleness_max" in h]
+    history = json.loads((out / "log_history.json").read_text())
+    assert [h["step"] for h in history if "eval_accuracy" in h] == [2, 4]  # the one at 2 while the producers run
+    logs = [h for h in history if "async/staleness_max" in h]
     assert [h["step"] for h in logs] == [1, 2, 3, 4]
     assert all(h["async/staleness_max"] <= 1 for h in logs) and max(h["async/staleness_mean"] for h in logs) > 0
 

@@ -151,8 +151,9 @@ class AsynchronousRounds(SynchronousRounds):
             for value in values:
                 self.metrics.record({name: value})
         versions = produced.batch.rollout_versions  # per token from an engine that labels its weights
-        if versions is None:
+        if versions is None:  # else the version the round was sampled with (proximal_logprobs='loglinear' reads it)
             versions = torch.full_like(produced.batch.response_mask, produced.version, dtype=torch.long)
+            produced.batch.rollout_versions = versions
         with self._changed:
             queued = len(self._done)
         self.metrics.record({**staleness_metrics(versions, produced.batch.response_mask, step),
@@ -180,17 +181,23 @@ class AsynchronousRounds(SynchronousRounds):
         with self._changed:
             self._run += 1
             self._changed.notify_all()
-        self.actor.sync_on_sample = True  # sampling outside the producer gets the trainer's weights again
         if self._thread is not None:
             self._thread.join(timeout=JOIN_S)
             if self._thread.is_alive():
                 warnings.warn(f"the rollout producer did not stop within {JOIN_S} s (a generation that does not "
                               f"end?); its thread is left to end with the process.")
             self._thread = None
+        # Only now: a producer between its last check and its sampling must not push (a collective) from its thread
+        self.actor.sync_on_sample = True  # sampling outside the producer gets the trainer's weights again
 
     # ---------------------------------------------------------------- the trainer's side
     def _start_at(self, step: int) -> None:
         if self._thread is None:
+            if self.partial_rollouts and self._feeds_engine and self._version is None:
+                # a run killed inside a pause for weights (kill -9, OOM) left the server paused, and every
+                # request would queue until it timed out: pausing and resuming once leaves it running
+                with self.actor.engine.paused_for_weights():
+                    pass
             self._next = step
             self.actor.sync_on_sample = False  # the producer samples the weights the engine has: pushed only here
             self._thread = threading.Thread(target=self._produce, args=(self._run,), name="verl_hf-rollout-producer",
@@ -273,9 +280,11 @@ class AsynchronousRounds(SynchronousRounds):
                 with self._changed:
                     if produced is None or run != self._run:
                         return
-                    self._done[step], self._next = produced, step + self.steps_per_round
+                    # the next round starts at the next multiple of steps_per_round: a round restarted mid-way
+                    # (a resume without the checkpoint's round files) covers only the rest of its steps
+                    self._done[step] = produced
+                    step = self._next = (step // self.steps_per_round + 1) * self.steps_per_round
                     self._changed.notify_all()
-                step += self.steps_per_round
         except BaseException as error:  # noqa: BLE001 - handed to the trainer, which raises it
             with self._changed:
                 if run == self._run:
@@ -289,7 +298,7 @@ class AsynchronousRounds(SynchronousRounds):
         with self._changed:
             while run == self._run and (self._version is None or self._version < step - self.max_staleness):
                 self._changed.wait(timeout=0.5)
-        with self._engine:  # the version cannot change while the engine is held
+        with self._engine:  # the version cannot change while the engine is held (partial rollouts: see the labels)
             with self._changed:
                 version, current = self._version, run == self._run
             if not current:  # told to stop while it waited (for the bound or for evaluation's hold)

@@ -215,14 +215,23 @@ class VLLMServerEngine(RolloutEngine):
         for index in range(request["sampling_params"]["n"]):
             # a choice aborted before it was scheduled may be missing: it starts again from its prompt
             choice = answered.get(index) or {"index": index, "finish_reason": "abort", "token_ids": []}
+            idle = 0  # continuations in a row that brought no token: a server that keeps aborting is an error
             while choice["finish_reason"] == "abort":
                 rest = _continuation(request, choice)
                 if rest is None:  # aborted with every allowed token: it ended by length
                     choice = dict(choice, finish_reason="length")
                     break
+                before = len(choice["token_ids"])
                 choice = _joined(choice, self._call("POST", TOKENS_ROUTE, rest)["choices"][0])
+                idle = 0 if len(choice["token_ids"]) > before else idle + 1
+                if idle == MAX_IDLE_ABORTS:
+                    raise RuntimeError(f"the vLLM server at {self.url} aborted a response {idle} times in a row "
+                                       f"without a new token (is it shutting down, or paused by another client?)")
             choices.append(choice)
         return choices
+
+
+MAX_IDLE_ABORTS = 50  # pauses for weights abort a response once each; this many without progress is not that
 
 
 def _continuation(request: dict, so_far: dict) -> dict | None:
