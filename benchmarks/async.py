@@ -77,6 +77,18 @@ def server(cores: str, compute: str, log: Path):
         proc.wait(timeout=60)
 
 
+@contextlib.contextmanager
+def pinned_server(split: str, log: Path):
+    """This process (the trainer) pinned to the split's cores and threads, and a server on the split's own."""
+    import torch
+
+    server_cores, server_compute, trainer_cores, threads = SPLITS[split]
+    os.sched_setaffinity(0, trainer_cores)
+    torch.set_num_threads(threads)
+    with server(server_cores, server_compute, log) as url:
+        yield url
+
+
 def cpu_name() -> str:
     """The CPU's model name (CPUs of one kind train along different trajectories: say which one a figure is from)."""
     with contextlib.suppress(OSError):
@@ -125,13 +137,8 @@ def run(url: str, mode: str, args, out: str) -> dict:
 
 def run_split(split: str, args, tmp: str) -> dict[str, list[dict]]:
     """Every mode's runs at one split (after a discarded synchronous warm-up), by mode."""
-    import torch
-
-    server_cores, server_compute, trainer_cores, threads = SPLITS[split]
-    os.sched_setaffinity(0, trainer_cores)
-    torch.set_num_threads(threads)
     runs = {mode: [] for mode in modes(args)}
-    with server(server_cores, server_compute, Path(tmp) / f"server{split}.log") as url:
+    with pinned_server(split, Path(tmp) / f"server{split}.log") as url:
         run(url, "0", args, f"{tmp}/{split}_warmup")
         for repeat in range(args.repeats):
             for mode in runs:
@@ -218,13 +225,8 @@ def demo_run(url: str, staleness: int, seed: int, args, out: str) -> list[tuple[
 
 def curve(args, tmp: str) -> dict[tuple[int, int], list]:
     """Every seed's synchronous and max_staleness=1 demo runs at the 1+1 split, by (staleness, seed)."""
-    import torch
-
-    server_cores, server_compute, trainer_cores, threads = SPLITS["1+1"]
-    os.sched_setaffinity(0, trainer_cores)
-    torch.set_num_threads(threads)
     runs = {}
-    with server(server_cores, server_compute, Path(tmp) / "server_curve.log") as url:
+    with pinned_server("1+1", Path(tmp) / "server_curve.log") as url:
         demo_run(url, 0, 0, argparse.Namespace(**{**vars(args), "demo_steps": 10, "eval_steps": 10}),
                  f"{tmp}/curve_warmup")  # discarded: the server's and the trainer's first steps are slower
         for seed in args.seeds:

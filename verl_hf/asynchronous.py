@@ -67,7 +67,7 @@ def make_rounds(args, builder, actor, metrics: MetricBuffer, train_dataset, coll
                          f"thread, its gathers interleaved with the update's. Give each process a whole copy (DDP, "
                          f"ZeRO-1/2), or set max_staleness=0.")
     sampler = round_sampler(len(train_dataset), args)  # this process's share of each round
-    steps = args.micro_steps_per_round // args.gradient_accumulation_steps
+    steps = args.optimizer_steps_per_round
     return AsynchronousRounds(builder, actor, metrics,
                               lambda step: collate([train_dataset[i] for i in sampler.round_indices(step // steps)]),
                               max_staleness=args.max_staleness, last_step=last_step, steps_per_round=steps,

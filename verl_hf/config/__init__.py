@@ -86,6 +86,11 @@ class VerlConfig(EvaluationFields, CriticFields, KLFields, AlgorithmFields, Safe
         return self.ppo_epochs * self.rollout_generation_batch_size // self.per_device_train_batch_size
 
     @property
+    def optimizer_steps_per_round(self) -> int:
+        """Optimizer steps one rollout round feeds (its micro-steps over gradient accumulation)."""
+        return self.micro_steps_per_round // self.gradient_accumulation_steps
+
+    @property
     def training_is_sharded(self) -> bool:
         """DeepSpeed or FSDP holds the training weights (the update's pieces are not counted there yet)."""
         return wants_deepspeed(self) or fsdp_version_wanted(self) is not None

@@ -58,7 +58,7 @@ class AsyncFields:
 
 def _not_yet(cfg) -> list[tuple[bool, str]]:
     """(holds, why it cannot run asynchronously yet) for each setting the producer does not cover."""
-    steps_per_round = cfg.micro_steps_per_round // cfg.gradient_accumulation_steps
+    steps_per_round = cfg.optimizer_steps_per_round
     return [
         (cfg.max_staleness < steps_per_round,
          f"rounds that feed {steps_per_round} optimizer steps (ppo_epochs={cfg.ppo_epochs}, generation_batch_size="
