@@ -53,12 +53,13 @@ SPLITS = {"1+1": ("1", "1", {0}, 1), "1+1f": ("0-1", "1", {0, 1}, 1), "2+2": ("0
 
 
 @contextlib.contextmanager
-def server(cores: str, compute: str, log: Path):
+def server(cores: str, compute: str, log: Path, model: str = WARM_START, max_model_len: int = 128):
+    """A `verl-hf vllm-serve` of `model` (fp32) on `cores`, computing on `compute`; yields its URL."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = ["taskset", "-c", cores, sys.executable, "-m", "verl_hf.cli", "vllm-serve", WARM_START, "--host",
-           "127.0.0.1", "--port", str(port), "--max-model-len", "128", "--dtype", "float32"]
+    cmd = ["taskset", "-c", cores, sys.executable, "-m", "verl_hf.cli", "vllm-serve", model, "--host",
+           "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len), "--dtype", "float32"]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "VLLM_CPU_OMP_THREADS_BIND": compute})
@@ -78,14 +79,14 @@ def server(cores: str, compute: str, log: Path):
 
 
 @contextlib.contextmanager
-def pinned_server(split: str, log: Path):
+def pinned_server(split: str, log: Path, model: str = WARM_START, max_model_len: int = 128):
     """This process (the trainer) pinned to the split's cores and threads, and a server on the split's own."""
     import torch
 
     server_cores, server_compute, trainer_cores, threads = SPLITS[split]
     os.sched_setaffinity(0, trainer_cores)
     torch.set_num_threads(threads)
-    with server(server_cores, server_compute, log) as url:
+    with server(server_cores, server_compute, log, model, max_model_len) as url:
         yield url
 
 

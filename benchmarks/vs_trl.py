@@ -18,7 +18,13 @@ precision in both (`bf16=True`; TRL autocasts its loss, ours also samples in bf1
 (b) each at its fastest CPU setting (`TRL_FASTEST`: HF generate under bf16 autocast; `OUR_FASTEST`: vLLM, bf16);
 (c) each library's own defaults for the same batch and lengths (TRL's: bf16, gradient checkpointing, lr 1e-6,
 loss "dapo"; ours: bf16 where the CPU has bf16 units, HF generate, token-mean); (d) 11.6M Llama with a 32k vocabulary, 2 x 4 = 8 completions
-x 512 tokens, fp32, HF generate in both (peak RSS is the point). Same loss aggregation in a, b, d: TRL
+x 512 tokens, fp32, HF generate in both (peak RSS is the point); (e) row a32's batch with ours asynchronous:
+the vLLM server engine at max_staleness=1, the server on core 1 and our trainer on core 0 with one thread
+(benchmarks/async.py's 1+1 split), against TRL's synchronous GRPOTrainer on both cores (2 threads). TRL's own
+asynchronous trainer (trl.experimental.async_grpo) cannot run here: its weight transfer is vLLM's NCCL engine,
+which needs CUDA (scripts/gpu_check.sh is where it could). In row e, ours' "gen" column is the trainer's wait for
+samples (async/trainer_wait_s) and "score" only the trainer-side timers (the push): sampling and scoring overlap
+the update. Same loss aggregation in a, b, d, e: TRL
 `loss_type="dapo"` = our `loss_agg_mode="token-mean"` (one mean over all completion tokens of the step).
 Both use 2 torch threads (`--threads`); vLLM on CPU binds its own OpenMP threads and ignores set_num_threads.
 
@@ -31,6 +37,8 @@ Install and run (TRL is a benchmark-only extra, never a runtime dependency):
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
 import os
 import random
@@ -74,6 +82,8 @@ ROWS = {
     "c": dict(model="llama20m", prompts=4, generations=4, response=64, equal=False, trl={}, verl={}),
     "d": dict(model="llama12m_32k", prompts=2, generations=4, response=512, equal=True,
               trl={}, verl={"rollout_engine": "hf"}),
+    "e": dict(model="llama20m", prompts=4, generations=4, response=64, equal=True, trl={}, server_split="1+1",
+              verl={"rollout_engine": "vllm_server", "max_staleness": 1, "rollout_is": "token"}),
 }
 PROMPT_WORDS = 16  # every prompt is exactly this many tokens, so no padding and equal prompt work
 TARGET = "w7"      # the reward: share of completion words equal to it
@@ -252,9 +262,15 @@ def verl_phases(trainer, record: dict, step: int, wall: float) -> dict:
     log = next(h for h in trainer.state.log_history if h.get("step") == step + 1 and "time/rollout" in h)
     times = {k.removeprefix("time/"): v for k, v in log.items() if k.startswith("time/")}
     gen, update = times.pop("rollout"), times.pop("update")
+    trained = record["loss"][step][1]
+    if "async/trainer_wait_s" in log:  # the producer's sampling and scoring overlapped the update: the wait counts
+        times.pop("reward", None)
+        gen, generated = log["async/trainer_wait_s"], trained  # sampled ahead, under other steps' numbers
+    else:
+        generated = record["gen"][step][1]
     score = sum(times.values())  # reward, advantage, sync and any other timer of the round
     return dict(gen=gen, score=score, update=update, other=wall - gen - score - update,
-                gen_tokens=record["gen"][step][1], trained_tokens=record["loss"][step][1])
+                gen_tokens=generated, trained_tokens=trained)
 
 
 def run_worker(side: str, row: dict, steps: int, warmup: int, threads: int, overrides: dict) -> dict:
@@ -263,8 +279,9 @@ def run_worker(side: str, row: dict, steps: int, warmup: int, threads: int, over
 
     torch.set_num_threads(threads)
     record = {}
-    with tempfile.TemporaryDirectory() as out:
+    with tempfile.TemporaryDirectory() as out, row_server(side, row, Path(out)) as url:
         build = trl_trainer if side == "trl" else verl_trainer
+        overrides = dict(overrides, vllm_server_url=url) if url else overrides
         trainer = build(row, overrides, warmup + steps, out, record)
         clock = StepClock()
         trainer.add_callback(clock)
@@ -281,6 +298,19 @@ def run_worker(side: str, row: dict, steps: int, warmup: int, threads: int, over
                 peak_rss_gb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
                 tokens_per_step=[s["gen_tokens"] for s in per_step],
                 trained_per_step=[s["trained_tokens"] for s in per_step])
+
+
+@contextlib.contextmanager
+def row_server(side: str, row: dict, folder: Path):
+    """Ours in a row with `server_split`: a vLLM server of the row's model, this process pinned beside it
+    (benchmarks/async.py's splits); None otherwise."""
+    if side != "verl" or "server_split" not in row:
+        yield None
+        return
+    pinned_server = importlib.import_module("async").pinned_server  # benchmarks/async.py, beside this file
+    with pinned_server(row["server_split"], folder / "server.log", row["cache"],
+                       PROMPT_WORDS + row["response"] + 16) as url:
+        yield url
 
 
 # ----------------------------------------------------------------------------- parent
