@@ -266,6 +266,43 @@ def test_two_training_processes_sample_their_shares_ahead_and_push_together(serv
     assert all(h["async/staleness_max"] <= 1 for h in logs) and max(h["async/staleness_mean"] for h in logs) > 0
 
 
+FAILING_ON_RANK_1 = """
+import os
+calls = 0
+def reward(completions, **kwargs):  # process 1's producer fails on its third round, process 0's never
+    global calls
+    calls += 1
+    if os.environ["RANK"] == "1" and calls == 3:
+        raise ValueError("the reward service is down on rank 1")
+    return [float("####" in c) for c in completions]
+"""
+
+
+def test_a_producer_failing_on_one_process_ends_every_process_with_its_error(server, tmp_path):
+    """Two DDP processes, max_staleness=1: process 1's reward function raises in its producer at its third round.
+    That process's train() raises the error with its traceback, the launcher ends the other (waiting in a
+    collective or for its own round), and the run exits non-zero within seconds, no process left behind."""
+    import subprocess
+
+    from test_distributed import MODES, _launched, _two_processes
+
+    rewards = tmp_path / "rank_rewards.py"
+    rewards.write_text(FAILING_ON_RANK_1)
+    started = time.perf_counter()
+    result = _launched(tmp_path, _two_processes(MODES["ddp"]), tmp_path / "out",
+                       ["--max_steps", "20", "--per_device_train_batch_size", "32", "--use_cpu", "false",
+                        "--rollout_engine", "vllm_server", "--vllm_server_url", server, "--max_staleness", "1",
+                        "--rollout_is", "token", "--reward_funcs", f"{rewards}:reward", "--reward_weights", "1.0",
+                        "--eval_strategy", "no"], {"ACCELERATE_USE_CPU": "true"}, timeout=180)
+    elapsed = time.perf_counter() - started
+    assert result.returncode != 0
+    assert "the rollout producer failed while sampling ahead of step" in result.stderr, result.stderr[-3000:]
+    assert "the reward service is down on rank 1" in result.stderr, result.stderr[-3000:]
+    assert elapsed < 90, elapsed  # start-up (about 10 s) + 2 steps + the launcher's teardown
+    left = subprocess.run(["pgrep", "-f", str(tmp_path / "run.py")], capture_output=True, text=True)
+    assert left.stdout.strip() == "", left.stdout
+
+
 @pytest.mark.parametrize("fields, message", [
     (dict(rollout_engine="hf"), "takes effect only when rollout_engine='vllm_server'"),
     (dict(rollout_is=None), "set rollout_is='token'"),

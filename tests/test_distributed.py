@@ -49,16 +49,22 @@ MODEL_BYTES = 535_936 * 4  # the demo model's parameters (tied embedding counted
 def _run(tmp_path, launcher: list[str], out: Path, flags: list[str], env_extra: dict | None = None,
          config: str = "demo.yaml") -> None:
     """`config` (in examples/configs/) trained under `launcher`, with `flags` on top."""
+    result = _launched(tmp_path, launcher, out, flags, env_extra, config)
+    noise = ("FutureWarning", "return func(", "RL: ", "Loading weights")
+    errors = "\n".join(line for line in result.stderr.splitlines() if line.strip() and not line.lstrip().startswith(noise)
+                       and not any(n in line for n in noise[:1]))
+    assert result.returncode == 0, f"{' '.join(launcher)} exited {result.returncode}:\n{errors[-4000:]}"
+
+
+def _launched(tmp_path, launcher: list[str], out: Path, flags: list[str], env_extra: dict | None = None,
+              config: str = "demo.yaml", timeout: int = 900) -> subprocess.CompletedProcess:
+    """The finished launch of `config` under `launcher`, with `flags` on top, whatever its exit."""
     script = tmp_path / "run.py"
     script.write_text(SCRIPT)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **(env_extra or {})}
     cmd = [sys.executable, *launcher, str(script), str(REPO / "examples/configs" / config), "--output_dir", str(out),
            "--per_device_eval_batch_size", "64", "--logging_steps", "1", "--bf16", "false", *flags]  # fp32: compared exactly
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
-    noise = ("FutureWarning", "return func(", "RL: ", "Loading weights")
-    errors = "\n".join(line for line in result.stderr.splitlines() if line.strip() and not line.lstrip().startswith(noise)
-                       and not any(n in line for n in noise[:1]))
-    assert result.returncode == 0, f"{' '.join(launcher)} exited {result.returncode}:\n{errors[-4000:]}"
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def _free_port() -> int:
@@ -251,3 +257,30 @@ def test_dynamic_sampling_on_the_partitioned_training_weights(tmp_path):
     assert rank0["steps"] == rank1["steps"] == 3
     logs = [h for h in json.loads((out / "log_history.json").read_text()) if "dynamic_sampling/extra_rounds" in h]
     assert logs and any(h["dynamic_sampling/extra_rounds"] > 0 for h in logs)
+
+
+EXIT_SCRIPT = """
+import atexit, sys, tempfile
+import torch.distributed as dist
+from verl_hf.distributed import close_process_group_at_exit
+# registered first, so it runs last (atexit is last in, first out): what the group is once ours has run
+atexit.register(lambda: print("initialized at exit:", dist.is_initialized(), flush=True))
+dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+close_process_group_at_exit()
+close_process_group_at_exit()  # registered once
+if sys.argv[1] == "fail":
+    raise RuntimeError("the run failed")
+"""
+
+
+@pytest.mark.parametrize("ending, destroyed", [("clean", True), ("fail", False)])
+def test_the_process_group_is_destroyed_at_a_clean_exit_only(tmp_path, ending, destroyed):
+    """A gloo group left to interpreter shutdown sometimes aborts a successful process (SIGABRT, "terminate
+    called without an active exception"): VerlTrainer has it destroyed at a clean exit; after an uncaught
+    exception it is left alone (a peer may be inside a collective; the launcher ends them)."""
+    script = tmp_path / "exit.py"
+    script.write_text(EXIT_SCRIPT)
+    result = subprocess.run([sys.executable, str(script), ending], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == (0 if destroyed else 1), result.stderr[-2000:]
+    assert f"initialized at exit: {not destroyed}" in result.stdout, (result.stdout, result.stderr[-2000:])

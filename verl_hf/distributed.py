@@ -8,8 +8,10 @@ See it work: tests/test_sync_zero3.py, tests/test_distributed.py, tests/test_fsd
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
+import sys
 
 import torch
 
@@ -19,6 +21,26 @@ def process_rank() -> int:
     import torch.distributed as dist
 
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def close_process_group_at_exit() -> None:
+    """Destroy torch.distributed's default process group when this process exits cleanly (registered once).
+
+    Why: a gloo group left to interpreter shutdown is sometimes torn down while its worker threads are still
+    joinable, and the process aborts after a successful run ("terminate called without an active exception",
+    SIGABRT; pytorch/pytorch#190489). CI saw it about once a suite in two-process runs. Not when the process
+    ends with an uncaught exception: a peer may be waiting in a collective, and the launcher ends them all."""
+    if not getattr(close_process_group_at_exit, "registered", False):
+        close_process_group_at_exit.registered = True
+        atexit.register(_destroy_process_group_if_clean)
+
+
+def _destroy_process_group_if_clean() -> None:
+    import torch.distributed as dist
+
+    failed = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)  # set for an uncaught exception
+    if failed is None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def is_zero3(model_or_params) -> bool:

@@ -26,7 +26,8 @@ from .asynchronous import make_rounds
 from .checkpoint import CheckpointSettings, RLCheckpoint
 from .config import fsdp_version_wanted
 from .data import keep_rows, prepare_datasets, round_dataloader
-from .distributed import actor_already_prepared, install_cpu_fsdp, is_sharded, shard_actor, sum_over_processes
+from .distributed import (actor_already_prepared, close_process_group_at_exit, install_cpu_fsdp, is_sharded,
+                          shard_actor, sum_over_processes)
 from .evaluation import as_eval_prompts, evaluate_rewards
 from .nonfinite import NonFiniteGuard, check_finite_loss, check_finite_weights
 from .placement import Placement
@@ -95,6 +96,8 @@ class VerlTrainer(Trainer):
         )
         setup.check_vocabulary(tokenizer, self.model, self.train_dataset)
         self.placement = placement = Placement.of(self.accelerator, args.device)  # one process/DDP/ZeRO/FSDP2
+        if placement.num_processes > 1:
+            close_process_group_at_exit()  # else gloo may abort the process after a successful run
         self.model = self.model_wrapped = shard_actor(self.accelerator, self.model)  # FSDP2: sharded from the start
         self._reduce_sum = sum_over_processes(self.accelerator)
         if args.routing_replay:
