@@ -17,10 +17,10 @@ from .batch import GenerationOutput, RolloutBatch
 from .config import VerlConfig
 from .data import RLHFDataset
 from .placement import ResourcePool
-from .roles import Actor, Critic, ReferencePolicy, RewardModel
+from .roles import Actor, Critic, ReferencePolicy, RewardModel, TeacherPolicy
 from .trainer import VerlTrainer
 
 __all__ = [
     "Actor", "Critic", "GenerationOutput", "RLHFDataset", "ReferencePolicy", "ResourcePool", "RewardModel",
-    "RolloutBatch", "VerlConfig", "VerlTrainer", "__version__",
+    "RolloutBatch", "TeacherPolicy", "VerlConfig", "VerlTrainer", "__version__",
 ]

@@ -38,6 +38,7 @@ class RolloutBatch:
     response_routes: torch.Tensor | None = None  # (B, Lr, L, k)
     old_logprobs: torch.Tensor | None = None  # (B, Lr) actor before the update; None = on-policy (use detached)
     ref_logprobs: torch.Tensor | None = None  # (B, Lr)
+    teacher_logprobs: torch.Tensor | None = None  # (B, Lr) on-policy distillation: the teacher's, of the sampled tokens
     values: torch.Tensor | None = None  # (B, Lr) critic values at rollout time (PPO)
     reward_baselines: torch.Tensor | None = None  # (B,) ReMax: reward of the prompt's greedy response
     rewards: torch.Tensor | None = None  # (B,) weighted sum over reward functions
@@ -135,7 +136,7 @@ class RolloutBatch:
 
 # Fields shaped (B, Lr, ...): padded on the right when batches are joined; (B, Lp, ...): on the left.
 TOKEN_FIELDS = ("response_ids", "response_mask", "rollout_logprobs", "rollout_versions", "old_logprobs",
-                "ref_logprobs", "values",
+                "ref_logprobs", "teacher_logprobs", "values",
                 "token_level_rewards", "advantages", "returns", "cost_values", "cost_returns", "response_routes",
                 "env_mask", "turn_rewards")
 PROMPT_FIELDS = ("prompt_ids", "prompt_mask", "prompt_routes")

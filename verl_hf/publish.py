@@ -63,11 +63,21 @@ def run_info(trainer) -> dict:
         "rewards": rewards,
         "costs": costs,
         "lagrange_lambda": trainer.safety.lagrange_lambda if trainer.safety is not None else None,
+        "teacher": _teacher_info(trainer),
         "data": {"train": _dataset_label(trainer, trainer.train_dataset), "eval": _dataset_label(trainer, trainer.eval_dataset)},
         "metrics": latest_metrics(trainer.state.log_history),
         "library_versions": library_versions(),
         "config": json.loads(args.to_json_string()),  # tokens are masked by TrainingArguments
     }
+
+
+def _teacher_info(trainer) -> dict | None:
+    """The distillation teacher (its id or path), the loss and its weight; None without a teacher."""
+    teacher = getattr(trainer, "teacher", None)
+    if teacher is None:
+        return None
+    name = getattr(teacher.model.config, "_name_or_path", None) or None
+    return {"name": name, "loss": trainer.args.distill_loss or "reverse_kl", "coef": trainer.args.distill_coef}
 
 
 def _dataset_label(trainer, dataset) -> dict | None:
@@ -81,7 +91,8 @@ def _dataset_label(trainer, dataset) -> dict | None:
 
 def latest_metrics(log_history: list[dict]) -> dict[str, float]:
     """The latest logged value of each reward, cost, lambda and evaluation metric."""
-    keep = ("reward/", "cost/", "safety/", "eval_reward", "eval_accuracy", "eval_cost", "eval_unsafe_rate", "kl")
+    keep = ("reward/", "cost/", "safety/", "eval_reward", "eval_accuracy", "eval_cost", "eval_unsafe_rate", "kl",
+            "distill/")
     latest = {}
     for entry in log_history:
         for key, value in entry.items():
@@ -132,6 +143,12 @@ def model_card(info: dict, repo_id: str) -> str:
                   f"{config.get('cost_limit')}; final lambda {_fmt(info['lagrange_lambda'])}; last training unsafe "
                   f"rate {_fmt(metrics.get('cost/unsafe_rate'))}; held-out unsafe rate "
                   f"{_fmt(metrics.get('eval_unsafe_rate'))}."]
+    if info.get("teacher"):
+        teacher = info["teacher"]
+        name = teacher["name"] or "(a model given in memory)"
+        lines += ["", "## Distillation", "", f"On-policy distillation from the teacher {name}: loss {teacher['loss']}, "
+                  f"weight {teacher['coef']:g}; last training KL(student || teacher) per token "
+                  f"{_fmt(metrics.get('distill/reverse_kl'))}."]
     lines += ["", "## How to load", "", "```python", *_load_snippet(info, repo_id), "```", "",
               "The whole configuration, the reward functions and the library versions are in `verl_config.json`.", ""]
     return "\n".join(front + lines)

@@ -2,7 +2,7 @@
 
 `RoundBuilder.build` runs the steps in order, each taking the batch and returning it with one more thing
 known: sample -> score (rewards, costs) -> DAPO dynamic sampling -> unscored rows out -> ReMax baselines ->
-reference and behaviour log-probs -> critic values -> advantages -> micro-batches carrying their optimizer
+reference, teacher and behaviour log-probs -> critic values -> advantages -> micro-batches carrying their optimizer
 step's loss normaliser. What the algorithm needs (values, groups, a greedy baseline) is asked of the
 estimator's registry entry; Safe-RLHF's cost side is the `constraint` (safety.py), called at fixed points.
 
@@ -75,13 +75,15 @@ class RoundBuilder:
 
     def __init__(self, settings: RoundSettings, actor, rewards: RewardStage, *, ref_policy=None, critic=None,
                  constraint, kl_controller, metrics: MetricBuffer, train_dataset=None, reduce_sum=lambda t: t,
-                 precision=contextlib.nullcontext, multi_turn=None):
+                 precision=contextlib.nullcontext, multi_turn=None, teacher=None):
         """`precision`: the context the actor's loss forward runs under (accelerate's autocast); the reference
         and behaviour log-probs are computed under it too, or bf16 training would see KL and ratios off 1 that
-        are only rounding. `multi_turn`: an agent.MultiTurnRollout (tools= / environment=), else None."""
+        are only rounding. `multi_turn`: an agent.MultiTurnRollout (tools= / environment=), else None.
+        `teacher`: a TeacherPolicy (on-policy distillation), else None."""
         self.settings, self.actor, self.rewards, self.precision = settings, actor, rewards, precision
         self.multi_turn = multi_turn
         self.ref_policy, self.critic, self.constraint, self.kl_controller = ref_policy, critic, constraint, kl_controller
+        self.teacher = teacher
         self.metrics, self.train_dataset, self.reduce_sum = metrics, train_dataset, reduce_sum
         self.advantage = advantage_spec(settings.adv_estimator)
         self.refill, self.seeds = RefillStream(), RolloutSeeds()
@@ -96,6 +98,7 @@ class RoundBuilder:
         batch = self.exclude_unscored(batch)                           # 2c. unscored rows leave the loss
         batch = self.add_greedy_baselines(batch)                       # 2d. ReMax baselines
         batch = self.add_reference_logprobs(batch)                     # 3. reference log-probs (kl_coef > 0)
+        batch = self.add_teacher_logprobs(batch)                       # 3a. teacher log-probs (distillation)
         batch = self.add_old_logprobs(batch)                           # 3b. behaviour log-probs, when stale
         batch = self.add_values(batch)                                 # 3c. critic values (PPO)
         batch, kl_in_reward = self.compute_advantages(batch, step)     # 4. advantages (pure math)
@@ -227,6 +230,14 @@ class RoundBuilder:
         if self.ref_policy is not None:
             with self.metrics.timer("ref_logprobs"), self.precision():
                 batch.ref_logprobs = self.ref_policy.get_logprobs(batch, self.settings.per_device_train_batch_size)
+        return batch
+
+    def add_teacher_logprobs(self, batch: RolloutBatch) -> RolloutBatch:
+        """On-policy distillation: the teacher's log-probs of every sampled token (the update turns them into
+        the reverse-KL advantage against the student's, update.PolicyUpdate.distilled_advantages)."""
+        if self.teacher is not None:
+            with self.metrics.timer("teacher_logprobs"), self.precision():
+                batch.teacher_logprobs = self.teacher.get_logprobs(batch, self.settings.per_device_train_batch_size)
         return batch
 
     def add_old_logprobs(self, batch: RolloutBatch) -> RolloutBatch:

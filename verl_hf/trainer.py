@@ -40,6 +40,7 @@ from .safety import NoConstraint
 from .sample_and_score import RewardSettings, RewardStage
 from .state import KLMeter, MetricBuffer, RoundInProgress, token_weighted
 from .sync import WeightSync
+from .teacher_setup import check_teacher, make_teacher
 from .update import PolicyUpdate, UpdateSettings, entropy_needed
 
 
@@ -61,12 +62,16 @@ class VerlTrainer(Trainer):
             environments"); added to `args.tools`.
         environment: a factory (a class, or a function of no arguments) called once per sample for an object
             with `reset(row)` and `step(message) -> verl_hf.agent.Step`: rollouts become conversations with it.
+        teacher: on-policy distillation's teacher (`TeacherPolicy`, causal LM, id or path; or
+            `teacher_model_path`): scores every sampled token, and the student moves towards it (`distill_loss`).
+            Its tokenizer must be the student's (checked before any model loads).
         processing_class / tokenizer: the tokenizer; default loaded from the model's path.
         peft_config: a `peft` config; the actor becomes a PEFT model.
 
     The parts, public for callbacks, tests and custom loops: `placement` (where the models live), `actor`,
-    `ref_policy`, `critic`, `constraint` (Safe-RLHF, or a `NoConstraint`), `kl_ctrl`, `rewards`, `round_builder`,
-    `policy_update`, and the state `metrics`, `kl_meter`, `round_in_progress`, saved by `rl_checkpoint`.
+    `ref_policy`, `teacher`, `critic`, `constraint` (Safe-RLHF, or a `NoConstraint`), `kl_ctrl`, `rewards`,
+    `round_builder`, `policy_update`, and the state `metrics`, `kl_meter`, `round_in_progress`, saved by
+    `rl_checkpoint`.
     """
 
     _callbacks_bound = False  # callbacks added after __init__ are bound at once
@@ -77,15 +82,18 @@ class VerlTrainer(Trainer):
     def __init__(self, model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
                  processing_class=None, *, actor=None, ref_policy=None, critic=None, reward_funcs=None,
                  reward_model=None, tokenizer=None, callbacks=None, peft_config=None, optimizers=(None, None),
-                 tools=None, environment=None, **trainer_kwargs):
+                 tools=None, environment=None, teacher=None, **trainer_kwargs):
         setup.check_trainer_hooks()
         model = setup.given_policy(model, actor)
         args = setup.as_verl_config(args, model)
-        setup.check_model_paths(model, args, ref_policy, critic)
-        # Cheap checks first: rewards, tokenizer and data fail here, before any model is loaded.
-        self.reward_funcs, self.reward_weights = setup.resolve_rewards(args, reward_funcs, reward_model, environment)
+        setup.check_model_paths(model, args, ref_policy, critic, teacher)
+        # Cheap checks first: rewards, tokenizer, teacher and data fail here, before any model is loaded.
+        setup.refuse_settings_without_effect(args, tools, environment, teacher)
+        self.reward_funcs, self.reward_weights = setup.resolve_rewards(args, reward_funcs, reward_model, environment,
+                                                                       teacher)
         tokenizer = setup.load_tokenizer(
             setup.one_of_aliases("processing_class", processing_class, "tokenizer", tokenizer), model)
+        teacher = check_teacher(teacher, args, tokenizer, model)  # the ids it shares with the student
         self.multi_turn = setup.make_multi_turn(args, tools, environment, tokenizer)  # None: one turn per sample
         train_dataset, eval_dataset = prepare_datasets(train_dataset, eval_dataset, tokenizer, args, self.multi_turn)
 
@@ -110,6 +118,7 @@ class VerlTrainer(Trainer):
         self.add_callback(EngineWeightsChanged(self.actor))
         setup.place_reward_models(placement, self.reward_funcs)
         self.ref_policy = setup.make_reference(placement, self.model, ref_policy, args) if args.kl_coef > 0 else None
+        self.teacher = make_teacher(placement, teacher, args)  # on-policy distillation, else None
         self.critic = setup.make_critic(setup.reward_critic_start(critic, args), model, args, placement)
         self.constraint = setup.make_safety(placement, model, args) or NoConstraint()  # Safe-RLHF: costs, lambda
         self.kl_ctrl = setup.make_kl_ctrl(args)
@@ -139,7 +148,7 @@ class VerlTrainer(Trainer):
             RoundSettings.of(args), self.actor, self.rewards, ref_policy=self.ref_policy, critic=self.critic,
             constraint=self.constraint, kl_controller=self.kl_ctrl, metrics=self.metrics,
             train_dataset=self.train_dataset, reduce_sum=self._reduce_sum, precision=self.accelerator.autocast,
-            multi_turn=self.multi_turn)
+            multi_turn=self.multi_turn, teacher=self.teacher)
         self.rounds = make_rounds(args, self.round_builder, self.actor, self.metrics, self.train_dataset,
                                   self.data_collator, last_step=lambda: self.state.max_steps)
         self.policy_update = PolicyUpdate(UpdateSettings.of(args), self.kl_ctrl)

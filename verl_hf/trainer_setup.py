@@ -85,9 +85,10 @@ def as_verl_config(args, model) -> VerlConfig:
     raise TypeError(f"args must be a VerlConfig (or TrainingArguments), got {type(args).__name__}.")
 
 
-def resolve_rewards(args: VerlConfig, reward_funcs, reward_model, environment=None):
+def resolve_rewards(args: VerlConfig, reward_funcs, reward_model, environment=None, teacher=None):
     """(reward functions as (name, fn), their weights). An `environment=` run without any is rewarded by its
-    environment's per-turn rewards alone: it gets `environment_return`, weight 0, as its metric. The weights
+    environment's per-turn rewards alone: it gets `environment_return`, weight 0, as its metric; a distillation
+    run without any (a teacher is given) learns from the teacher alone: `no_task_reward`, weight 0. The weights
     are counted before any reward model loads."""
     given = [*(args.reward_funcs or []), *(reward_funcs if isinstance(reward_funcs, (list, tuple))
                                           else [reward_funcs] if reward_funcs is not None else [])]
@@ -100,9 +101,17 @@ def resolve_rewards(args: VerlConfig, reward_funcs, reward_model, environment=No
         from .agent import environment_return
 
         return resolve_reward_funcs([environment_return]), [0.0]
+    if not given and not models and (teacher is not None or args.teacher_model_path):
+        if args.reward_weights is not None:
+            raise ValueError(f"reward_weights={args.reward_weights} weighs no reward function: a distillation run "
+                             f"without reward_funcs learns from the teacher alone. Drop reward_weights, or give "
+                             f"reward_funcs to weigh.")
+        from .rewards.functions import no_task_reward
+
+        return resolve_reward_funcs([no_task_reward]), [0.0]
     if not given and not models:
         raise ValueError("no reward: pass reward_funcs=[...] (callables or names such as 'gsm8k') or reward_model= "
-                         "(or environment= whose step() returns rewards).")
+                         "(or environment= whose step() returns rewards, or a teacher to distill from).")
     check_reward_weights(args.reward_weights, [s if isinstance(s, str) else getattr(s, "__name__", type(s).__name__)
                                                for s in given] + ["reward_model"] * len(models))
     if reward_model is not None:
@@ -112,12 +121,23 @@ def resolve_rewards(args: VerlConfig, reward_funcs, reward_model, environment=No
     return funcs, list(args.reward_weights or [1.0] * len(funcs))
 
 
+def refuse_settings_without_effect(args: VerlConfig, tools, environment, teacher) -> None:
+    """The settings that take effect only with what VerlTrainer was given (tools=, environment=, teacher=) are
+    refused without it, before any model loads."""
+    given = TrainerInputs(tools=bool(_tool_specs(args, tools)), environment=environment is not None,
+                          teacher=teacher is not None)
+    refuse_fields_that_cannot_apply(args, given)
+
+
+def _tool_specs(args: VerlConfig, tools) -> list:
+    return [*(args.tools or []), *([tools] if callable(tools) or isinstance(tools, str) else (tools or []))]
+
+
 def make_multi_turn(args: VerlConfig, tools, environment, tokenizer):
     """The MultiTurnRollout for `tools=` (and `args.tools`) or `environment=`, or None for single-turn
     rollouts. Everything is checked here, before any model loads: the tools' schemas, the factory, the chat
-    template (tool support, extendable turn by turn), and settings that need what the run does not have."""
-    specs = [*(args.tools or []), *([tools] if callable(tools) or isinstance(tools, str) else (tools or []))]
-    refuse_fields_that_cannot_apply(args, TrainerInputs(tools=bool(specs), environment=environment is not None))
+    template (tool support, extendable turn by turn)."""
+    specs = _tool_specs(args, tools)
     if not specs and environment is None:
         return None
     from .agent import MultiTurnRollout, as_tools, check_extendable, environment_factory, tool_call_parser
@@ -201,11 +221,11 @@ def as_reward_model(reward_model) -> RewardModel:
     return RewardModel(reward_model, tokenizer=AutoTokenizer.from_pretrained(path))
 
 
-def check_model_paths(model, args: VerlConfig, ref_policy=None, critic=None) -> None:
+def check_model_paths(model, args: VerlConfig, ref_policy=None, critic=None, teacher=None) -> None:
     """Every model given as a local path exists, said before anything loads (transformers would read a missing
     folder as a Hub id and answer about repo-id syntax). A Hub id `org/name` is left to transformers."""
     given = {"model": model, "ref_policy": ref_policy, "critic": critic, "critic_model_path": args.critic_model_path,
-             "cost_model_path": args.cost_model_path,
+             "cost_model_path": args.cost_model_path, "teacher": teacher, "teacher_model_path": args.teacher_model_path,
              **{f"reward_model_path[{i}]": p for i, p in enumerate(args.reward_model_path or [])}}
     for name, value in given.items():
         if isinstance(value, (str, os.PathLike)) and _looks_local(str(value)) and not os.path.exists(value):

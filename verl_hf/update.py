@@ -16,6 +16,7 @@ import torch
 
 from .algorithms import (agg_loss, kl_penalty, loglinear_proximal_logprobs, masked_mean, policy_loss_spec,
                          rollout_is_weights, value_loss)
+from .algorithms.distill import reverse_kl_advantages
 from .algorithms.registry import CLIP_FIELDS
 from .settings import Settings
 
@@ -49,6 +50,7 @@ class UpdateSettings(Settings):
     cliprange_value: float
     on_nonfinite: str
     proximal_logprobs: str
+    distill_coef: float
 
 
 def bind_policy_loss(settings: UpdateSettings):
@@ -71,7 +73,9 @@ class PolicyUpdate:
         """`trainer_version`: the optimizer steps the trained weights have seen (asynchronous training)."""
         s, mask, norm = self.settings, mb.response_mask.float(), mb.loss_norm
         old = self.proximal_logprobs(mb, logprobs, trainer_version)
-        advantages, metrics = self.corrected_advantages(mb, old)
+        advantages, metrics = self.distilled_advantages(mb, old)
+        advantages, correction_metrics = self.corrected_advantages(mb, advantages, old)
+        metrics.update(correction_metrics)
         loss, loss_metrics = self.policy_loss(old, logprobs, advantages, mask, norm)
         metrics.update({f"actor/{k}": v for k, v in loss_metrics.items()})
         if entropy is not None:
@@ -100,16 +104,29 @@ class PolicyUpdate:
                                                mb.response_mask)
         return mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
 
-    def corrected_advantages(self, mb, old_logprobs: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    def distilled_advantages(self, mb, old_logprobs: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """On-policy distillation (a teacher scored the round): the task advantages plus each sampled token's
+        -distill_coef * (log p_student - log p_teacher), the student's log-probs being the ratio's old ones (the
+        policy at the step's start). Added here rather than when the round is planned: with one update per
+        round those are the live log-probs, detached, so the signal costs no extra forward pass."""
+        if mb.teacher_logprobs is None:
+            return mb.advantages, {}
+        mask = mb.response_mask.float()
+        distill = reverse_kl_advantages(old_logprobs, mb.teacher_logprobs, mask, self.settings.distill_coef)
+        # log p_s - log p_t per token on the student's own samples: a one-sample estimate of KL(student || teacher)
+        gap = masked_mean(-distill / self.settings.distill_coef, mask).item()
+        return mb.advantages + distill, {"distill/reverse_kl": gap}
+
+    def corrected_advantages(self, mb, advantages: torch.Tensor, old_logprobs: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """With `rollout_is`: advantages x the truncated/masked weights pi_old / pi_rollout (see
         algorithms/rollout_correction.py for why weighting the advantages is the same gradient)."""
         s = self.settings
         if s.rollout_is is None:
-            return mb.advantages, {}
+            return advantages, {}
         weights, metrics = rollout_is_weights(old_logprobs, mb.rollout_logprobs, mb.response_mask, s.rollout_is,
                                               s.rollout_is_mode, s.rollout_is_threshold,
                                               s.rollout_is_threshold_low)
-        return mb.advantages * weights, dict(metrics)
+        return advantages * weights, dict(metrics)
 
     def critic_step(self, mb, critic, old_values_field: str, returns_field: str, prefix: str,
                     optimizer_step: bool) -> dict[str, float]:

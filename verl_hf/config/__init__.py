@@ -2,8 +2,8 @@
 
 Users see one flat dataclass (YAML, `HfArgumentParser`, `verl-hf train --help`); its fields are declared by
 the pipeline stage that reads them, each stage in its own module next to its own checks (generation.py,
-sync.py, asynchronous.py, rewards.py, multi_turn.py, safety.py, algorithm.py, kl.py, critic.py, evaluation.py,
-precision.py),
+sync.py, asynchronous.py, rewards.py, multi_turn.py, safety.py, algorithm.py, kl.py, distill.py, critic.py,
+evaluation.py, precision.py),
 and documented once, in `metadata["help"]`. A field that takes effect only in some setups declares its
 condition in its type (applies.py), and one check refuses it set where it cannot act.
 
@@ -33,6 +33,7 @@ from .asynchronous import AsyncFields, check_async
 from .applies import (COLOCATED_VLLM, Applies, TrainerInputs, conditional_fields, fields_set_away, parse_json_dict,
                       raise_first_failed, refuse_fields_that_cannot_apply)
 from .critic import CriticFields, check_critic
+from .distill import DistillFields, check_distill
 from .evaluation import EvaluationFields, check_evaluation
 from .generation import ROLLOUT_DTYPES, ROLLOUT_ENGINES, GenerationFields, check_generation, resolve_rollout_engine
 from .kl import KLFields, check_kl
@@ -49,13 +50,13 @@ from .sync import SyncFields, check_sync
 # estimator's registry entry, whose name check_algorithm checks), and the conditional fields come last (their
 # conditions read values the others have checked).
 CHECKS = (check_parallel, check_generation, check_sync, check_rewards, check_multi_turn, check_algorithm, check_kl,
-          check_safety, check_critic, check_async, check_evaluation, refuse_fields_that_cannot_apply)
+          check_distill, check_safety, check_critic, check_async, check_evaluation, refuse_fields_that_cannot_apply)
 
 
 # Bases from the last stage to the first: dataclasses collect fields from the end of the MRO, so the fields come
 # in pipeline order after TrainingArguments' own (PrecisionFields' bf16 replaces the Trainer's, in its place).
 @dataclass
-class VerlConfig(EvaluationFields, CriticFields, KLFields, AlgorithmFields, SafetyFields, MultiTurnFields,
+class VerlConfig(EvaluationFields, CriticFields, DistillFields, KLFields, AlgorithmFields, SafetyFields, MultiTurnFields,
                  RewardFields, AsyncFields, SyncFields, GenerationFields, PrecisionFields, TrainingArguments):
     def __post_init__(self):
         # Rollout rows are raw dataset rows (reward functions read their columns): never drop columns.

@@ -9,7 +9,7 @@ does not hold: nothing a user sets is silently ignored. The condition rides in `
 HfArgumentParser hands a field's metadata to argparse (which would reject an unknown key) and reads types
 with `get_type_hints` without extras (so argparse sees the plain type).
 
-A condition that depends on what `VerlTrainer` was given (tools=, environment=) is unknown while the config
+A condition that depends on what `VerlTrainer` was given (tools=, environment=, teacher=) is unknown while the config
 is built: it is checked there first with `given=None` (skipped), and again when the trainer starts.
 
 See it work: tests/test_config.py.
@@ -37,6 +37,7 @@ class TrainerInputs:
     """What VerlTrainer was given beside the config that decides whether some fields take effect."""
     tools: bool = False
     environment: bool = False
+    teacher: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,12 @@ def _with_tools(cfg, given: TrainerInputs | None) -> bool | None:
     return None if given is None else given.tools
 
 
+def _with_teacher(cfg, given: TrainerInputs | None) -> bool | None:
+    if cfg.teacher_model_path:
+        return True
+    return None if given is None else given.teacher
+
+
 HF_ENGINE = _engine("hf")
 COLOCATED_VLLM = _engine("vllm").because(lambda c: "with rollout_engine='vllm_server' the server is sized where "
                                           "it starts (`verl-hf vllm-serve --help`)" if c.rollout_engine == "vllm_server"
@@ -103,6 +110,8 @@ EVAL_SAMPLING = Applies("eval_do_sample=True", lambda c, g: c.eval_do_sample, ("
 UNSHARDED = Applies("the run is one process or DDP (not DeepSpeed or FSDP)", lambda c, g: not c.training_is_sharded)
 MULTI_TURN = Applies("rollouts are multi-turn: tools=[...] or environment=... given to VerlTrainer (or tools in "
                      "the config)", _multi_turn, ("tools",))
+TEACHER = Applies("a teacher is given: teacher_model_path, or teacher= on VerlTrainer (on-policy distillation)",
+                  _with_teacher, ("teacher_model_path",))
 WITH_TOOLS = Applies("tools are given: tools=[...] on VerlTrainer or tools in the config", _with_tools,
                      ("tools",)).because("an environment= enforces its own limits")
 

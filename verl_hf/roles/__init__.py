@@ -3,11 +3,14 @@ loop (examples/custom_loop_ppo.py) is another, and both run the same code.
 
     actor.generate_sequences(...)   critic.compute_values(seqs)   reward_model.score(seqs)
     ref_policy.kl_divergence(seqs)  actor.get_logprobs(seqs)      actor.update(loss)
+    teacher.get_logprobs(seqs)
 """
 
 from .actor import Actor, EngineWeightsChanged, sequence_logprobs
 from .critic import Critic, sequence_values
 from .reference import ReferencePolicy
 from .reward import RewardModel
+from .teacher import TeacherPolicy
 
-__all__ = ["Actor", "EngineWeightsChanged", "Critic", "ReferencePolicy", "RewardModel", "sequence_logprobs", "sequence_values"]
+__all__ = ["Actor", "EngineWeightsChanged", "Critic", "ReferencePolicy", "RewardModel", "TeacherPolicy",
+           "sequence_logprobs", "sequence_values"]

@@ -84,16 +84,20 @@ def auto_chunk_size(vocab_size: int) -> int:
 
 @contextlib.contextmanager
 def head_scores(head: torch.nn.Linear, targets: torch.Tensor, temperature: float, chunk_size: int,
-                with_entropy: bool):
+                with_entropy: bool, vocab: int | None = None):
     """While inside, `head(hidden (B, K, H))` returns the log-probs of `targets` (B, K) as (B, K, 1) instead of
     (B, K, V) logits; the entropies (B, K) of that call, when asked for, are yielded in a one-item list.
+    `vocab`: normalise over ids [0, vocab) only (a teacher whose trailing rows are padding the student lacks).
 
     The entropies leave by the list rather than as a second column of the output: a column that the loss
     does not use would still send a zero gradient back and pay for the entropy's backward."""
     entropies = []
 
     def forward(hidden):
-        logprobs, entropy = linear_logprobs(hidden, head.weight, targets, head.bias, temperature=temperature,
+        weight, bias = head.weight, head.bias
+        if vocab is not None and vocab < weight.shape[0]:
+            weight, bias = weight[:vocab], bias[:vocab] if bias is not None else None
+        logprobs, entropy = linear_logprobs(hidden, weight, targets, bias, temperature=temperature,
                                             chunk_size=chunk_size, with_entropy=with_entropy)
         entropies.append(entropy)
         return logprobs.unsqueeze(-1)
@@ -108,13 +112,14 @@ def head_scores(head: torch.nn.Linear, targets: torch.Tensor, temperature: float
 
 
 def sequence_logprobs(model, batch, temperature: float = 1.0, with_entropy: bool = False,
-                      entropy_grad: bool = False, chunk_size: int | None = None):
+                      entropy_grad: bool = False, chunk_size: int | None = None, vocab: int | None = None):
     """Log-probs (B, Lr) of the response tokens under `model`, and their entropies (B, Lr) or None.
 
     Positions follow the attention mask (left padding shifts them), exactly as `generate` numbered them.
     Only the response positions go through the LM head (`logits_to_keep`), not the prompt's. Entropies carry
     gradients only with `entropy_grad` (an entropy bonus); as a metric they cost no graph.
     `chunk_size`: rows per LM-head chunk (None: about 64 MiB of logits per chunk; 0: the full-logits path).
+    `vocab`: the distributions over ids [0, vocab) only (None: every row of the head).
     """
     if chunk_size is not None and chunk_size < 0:
         raise ValueError(f"chunk_size must be >= 0 (0: full logits), got {chunk_size}")
@@ -124,18 +129,20 @@ def sequence_logprobs(model, batch, temperature: float = 1.0, with_entropy: bool
                   logits_to_keep=batch.response_ids.shape[1] + 1)
     head = output_head(model) if chunk_size != 0 else None
     if head is None:
-        return _from_full_logits(model(**inputs).logits, batch.response_ids, temperature, with_entropy, entropy_grad)
+        return _from_full_logits(model(**inputs).logits[..., :vocab], batch.response_ids, temperature, with_entropy,
+                                 entropy_grad)
     # Position t predicts token t+1: the last kept position predicts nothing (its target is a dummy 0).
     targets = torch.nn.functional.pad(batch.response_ids, (0, 1))
     rows = chunk_size or auto_chunk_size(head.out_features)
-    with head_scores(head, targets, temperature, rows, with_entropy) as entropies:
+    with head_scores(head, targets, temperature, rows, with_entropy, vocab) as entropies:
         scores = model(**inputs).logits
     if len(entropies) != 1 or scores.shape[-1] != 1:
         # The forward did not call its head module exactly once (a custom forward using head.weight, or
         # several heads): what came back is not log-probs; score this model through the full logits.
         logger.warning("%s did not call its LM head module once per forward; scoring it through the full "
                        "logits (set logits_chunk_size=0 to skip this check)", type(model).__name__)
-        return _from_full_logits(model(**inputs).logits, batch.response_ids, temperature, with_entropy, entropy_grad)
+        return _from_full_logits(model(**inputs).logits[..., :vocab], batch.response_ids, temperature, with_entropy,
+                                 entropy_grad)
     logprobs = scores[:, :-1, 0]
     entropy = None
     if with_entropy:
