@@ -132,6 +132,79 @@ def test_a_teacher_with_another_tokenizer_is_refused_naming_the_token(tmp_path, 
                     train_dataset=addition[0])
 
 
-def test_distill_coef_must_be_positive(tmp_path):
-    with pytest.raises(ValueError, match=r"distill_coef=0.0 must be > 0"):
-        small_config(tmp_path, teacher_model_path=WARM_START, distill_coef=0.0)
+@pytest.mark.parametrize("fields, message", [
+    (dict(distill_coef=0.0), r"distill_coef=0.0 must be > 0"),
+    (dict(distill_loss="gkd", gkd_beta=1.5), r"gkd_beta=1.5 must be in \[0, 1\]"),
+    (dict(gkd_beta=0.3), r"gkd_beta=0.3 takes effect only when distill_loss='gkd'"),
+    (dict(distill_loss="jsd"), r"distill_loss='jsd' is unknown; valid: gkd, reverse_kl"),
+])
+def test_distillation_settings_are_checked_when_the_config_is_built(tmp_path, fields, message):
+    with pytest.raises(ValueError, match=message):
+        small_config(tmp_path, teacher_model_path=WARM_START, **fields)
+
+
+def test_the_custom_distillation_loop_pulls_its_student_back(tmp_path):
+    """examples/custom_loop_distill.py: the roles alone (Actor, TeacherPolicy) and the advantage function, no
+    reward. The KL falls as in the trainer (AMD EPYC: 0.36 over the first 5 steps, 0.09 over the last 5)."""
+    import runpy
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "custom_loop_distill.py"
+    history, _ = runpy.run_path(str(example))["main"](steps=20)
+    assert sum(history[-5:]) / 5 < 0.5 * sum(history[:5]) / 5, history
+
+
+@pytest.mark.parametrize("tied, temperature, beta", [(True, 1.0, 0.5), (False, 0.7, 0.0), (False, 1.0, 1.0),
+                                                     (True, 0.7, 0.3)])
+def test_gkd_through_both_heads_in_chunks_equals_the_full_logits_formula(tied, temperature, beta):
+    """The student's forward with the divergence against a teacher (a different model with 8 padding rows, whose
+    own hidden states come from its own forward) equals GKD's formula on both models' full logits over the shared
+    ids: values and the student's gradients within 1e-5, tied and untied heads, with temperature, left padding
+    and chunks of 3 rows."""
+    from test_scoring import VOCAB, _batch, _llama
+
+    from verl_hf import TeacherPolicy
+    from verl_hf.algorithms.distill import generalized_jsd
+    from verl_hf.roles.scoring import scored_responses
+
+    student = _llama(tied)
+    teacher_model = _llama(not tied)
+    teacher_model.resize_token_embeddings(VOCAB + 8, mean_resizing=False)
+    with torch.no_grad():
+        for p in teacher_model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
+    teacher = TeacherPolicy(teacher_model, temperature=temperature, logits_chunk_size=3, vocab_size=VOCAB)
+    batch = _batch()
+    weights = torch.linspace(0.5, 1.5, 4).expand(3, 4) * batch.response_mask
+
+    _, _, gkd = scored_responses(student, batch, temperature, chunk_size=3,
+                                 divergence=teacher.divergence_against(batch, beta))
+    (gkd * weights).sum().backward()
+    chunked = {n: p.grad.clone() for n, p in student.named_parameters()}
+    student.zero_grad()
+
+    mask, width = batch.attention_mask, batch.response_ids.shape[1]
+    inputs = dict(input_ids=batch.input_ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0))
+    student_logits = student(**inputs).logits[:, -width - 1:-1, :VOCAB]
+    with torch.no_grad():
+        teacher_logits = teacher_model(**inputs).logits[:, -width - 1:-1, :VOCAB]
+    full = generalized_jsd(student_logits.reshape(-1, VOCAB), teacher_logits.reshape(-1, VOCAB), beta,
+                           temperature).view(3, width)
+    (full * weights).sum().backward()
+    assert torch.allclose(gkd.detach(), full.detach(), atol=1e-5), (gkd - full).abs().max()
+    for name, p in student.named_parameters():
+        assert torch.allclose(chunked[name], p.grad, atol=1e-5), (name, (chunked[name] - p.grad).abs().max())
+
+
+def test_gkd_pulls_a_drifted_student_back_to_its_teacher(tmp_path, addition):
+    """distill_loss='gkd' (beta 0.5), no task reward: the JSD between the drifted student and the warm start, on
+    the student's own samples, falls within 20 steps (AMD EPYC: 0.051 over the first 5 steps, 0.021 over the last
+    5, a ratio of 0.42 against the bar of 0.6)."""
+    from verl_hf import VerlTrainer
+
+    args = small_config(tmp_path, max_steps=20, reward_funcs=None, reward_weights=None, teacher_model_path=WARM_START,
+                        distill_loss="gkd")
+    trainer = VerlTrainer(model=_noisy_student(tmp_path / "student"), args=args, train_dataset=addition[0])
+    trainer.train()
+    jsd = [h["distill/gkd"] for h in trainer.state.log_history if "distill/gkd" in h]
+    assert len(jsd) == 20 and "distill/reverse_kl" not in trainer.state.log_history[0]
+    assert sum(jsd[-5:]) / 5 < 0.6 * sum(jsd[:5]) / 5, jsd

@@ -55,6 +55,7 @@ class RoundSettings(Settings):
     singleton_group_advantage: str
     use_kl_in_reward: bool
     kl_kind: str
+    distill_loss: str | None
     loss_agg_mode: str
     seq_mean_count_empty_rows: bool
     max_response_length: int
@@ -234,8 +235,9 @@ class RoundBuilder:
 
     def add_teacher_logprobs(self, batch: RolloutBatch) -> RolloutBatch:
         """On-policy distillation: the teacher's log-probs of every sampled token (the update turns them into
-        the reverse-KL advantage against the student's, update.PolicyUpdate.distilled_advantages)."""
-        if self.teacher is not None:
+        the reverse-KL advantage against the student's, update.PolicyUpdate.distilled_advantages). GKD reads the
+        teacher's whole distributions in the update instead."""
+        if self.teacher is not None and self.settings.distill_loss != "gkd":
             with self.metrics.timer("teacher_logprobs"), self.precision():
                 batch.teacher_logprobs = self.teacher.get_logprobs(batch, self.settings.per_device_train_batch_size)
         return batch

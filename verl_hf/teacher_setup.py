@@ -17,6 +17,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from .roles import TeacherPolicy
+from .roles.scoring import output_head
 from .vocabulary import shared_vocabulary
 
 
@@ -50,11 +51,22 @@ def check_teacher(teacher, args, tokenizer, student) -> TeacherSource | None:
     return TeacherSource(teacher, teacher_tokenizer, shared)
 
 
-def make_teacher(placement, source: TeacherSource | None, args) -> TeacherPolicy | None:
+def make_teacher(placement, source: TeacherSource | None, args, student) -> TeacherPolicy | None:
     """The TeacherPolicy, loaded if given by path and placed where the actor's weights are (a given
-    TeacherPolicy is used as it is, placed by its owner)."""
+    TeacherPolicy is used as it is, placed by its owner); for GKD both heads checked to be computable in chunks."""
     if source is None:
         return None
+    role = _placed_teacher(placement, source, args)
+    if args.distill_loss == "gkd":
+        for who, model in (("student", student), ("teacher", role.model)):
+            if output_head(model) is None:
+                raise ValueError(f"distill_loss='gkd' reads the {who}'s LM head in chunks, but its logits cannot be "
+                                 f"computed that way (a LoRA-adapted or non-Linear head, or a forward that rescales "
+                                 f"the logits: see the log); use distill_loss='reverse_kl'.")
+    return role
+
+
+def _placed_teacher(placement, source: TeacherSource, args) -> TeacherPolicy:
     if isinstance(source.given, TeacherPolicy):
         source.given.vocab_size = source.given.vocab_size or source.vocab_size
         return source.given

@@ -118,7 +118,7 @@ class VerlTrainer(Trainer):
         self.add_callback(EngineWeightsChanged(self.actor))
         setup.place_reward_models(placement, self.reward_funcs)
         self.ref_policy = setup.make_reference(placement, self.model, ref_policy, args) if args.kl_coef > 0 else None
-        self.teacher = make_teacher(placement, teacher, args)  # on-policy distillation, else None
+        self.teacher = make_teacher(placement, teacher, args, self.model)  # on-policy distillation, else None
         self.critic = setup.make_critic(setup.reward_critic_start(critic, args), model, args, placement)
         self.constraint = setup.make_safety(placement, model, args) or NoConstraint()  # Safe-RLHF: costs, lambda
         self.kl_ctrl = setup.make_kl_ctrl(args)
@@ -244,11 +244,16 @@ class VerlTrainer(Trainer):
 
     def _actor_backward(self, model, mb) -> tuple[torch.Tensor, dict]:
         model.train()
+        entropy_kwargs = dict(with_entropy=entropy_needed(self.args, self.state), entropy_grad=self.args.entropy_coef > 0)
         with self.actor.replaying(mb):  # MoE routing replay, backward included (gradient checkpointing)
             with self.compute_loss_context_manager():
-                logprobs, entropy = self.actor.compute_logprobs(mb, model=model, with_entropy=entropy_needed(
-                    self.args, self.state), entropy_grad=self.args.entropy_coef > 0)
-                result = self.policy_update.actor_loss(mb, logprobs, entropy, self.state.global_step)
+                if self.args.distill_loss == "gkd":  # the teacher's forward, then the student's with the divergence
+                    divergence = self.teacher.divergence_against(mb, self.args.gkd_beta)
+                    logprobs, entropy, gkd = self.actor.compute_logprobs_and_divergence(mb, divergence, model,
+                                                                                        **entropy_kwargs)
+                else:
+                    (logprobs, entropy), gkd = self.actor.compute_logprobs(mb, model=model, **entropy_kwargs), None
+                result = self.policy_update.actor_loss(mb, logprobs, entropy, self.state.global_step, gkd)
             if self.is_deepspeed_enabled:  # its engine steps inside backward: check before (nonfinite.py)
                 check_finite_loss(result.loss, self._reduce_sum, self.state.global_step + 1)
             self.accelerator.backward(result.loss, **({"scale_wrt_gas": False} if self.is_deepspeed_enabled else {}))

@@ -69,8 +69,9 @@ class PolicyUpdate:
         self.policy_loss = bind_policy_loss(settings)  # a wrong policy_loss_kwargs key fails here, early
 
     def actor_loss(self, mb, logprobs: torch.Tensor, entropy: torch.Tensor | None,
-                   trainer_version: int = 0) -> ActorLoss:
-        """`trainer_version`: the optimizer steps the trained weights have seen (asynchronous training)."""
+                   trainer_version: int = 0, divergence: torch.Tensor | None = None) -> ActorLoss:
+        """`trainer_version`: the optimizer steps the trained weights have seen (asynchronous training);
+        `divergence` (B, Lr): GKD's per-token divergence from the teacher, with gradients (distill_loss='gkd')."""
         s, mask, norm = self.settings, mb.response_mask.float(), mb.loss_norm
         old = self.proximal_logprobs(mb, logprobs, trainer_version)
         advantages, metrics = self.distilled_advantages(mb, old)
@@ -90,6 +91,9 @@ class PolicyUpdate:
                 kl_observed = (float((kl.detach() * mask).sum()), float(mask.sum()))
         if s.entropy_coef:
             loss = loss - s.entropy_coef * agg_loss(entropy, mask, norm)
+        if divergence is not None:  # GKD: the divergence itself is minimised, aggregated like the policy loss
+            loss = loss + s.distill_coef * agg_loss(divergence, mask, norm)
+            metrics["distill/gkd"] = masked_mean(divergence.detach(), mask).item()
         return ActorLoss(loss, metrics, kl_observed)
 
     def proximal_logprobs(self, mb, logprobs: torch.Tensor, trainer_version: int) -> torch.Tensor:

@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from .applies import TEACHER, _help, one_of, raise_first_failed
+from .applies import TEACHER, Applies, _help, one_of, raise_first_failed
 
-DISTILL_LOSSES = ("reverse_kl",)
+DISTILL_LOSSES = ("reverse_kl", "gkd")
+GKD = Applies("distill_loss='gkd'", lambda c, g: c.distill_loss == "gkd", ("distill_loss",))
 
 
 @dataclass
@@ -22,7 +23,11 @@ class DistillFields:
     )
     distill_loss: Annotated[str | None, TEACHER] = field(
         default=None,
-        metadata=_help("None: 'reverse_kl' once a teacher is given. 'reverse_kl': each sampled token gets the advantage -distill_coef * (log p_student - log "
+        metadata=_help("None: 'reverse_kl' once a teacher is given. 'gkd': GKD's generalized Jensen-Shannon divergence "
+                       "between the student's and the teacher's whole next-token distributions at every response "
+                       "position of the student's samples (Agarwal et al. 2024), gkd_beta between them, added to the "
+                       "loss times distill_coef (token-level, aggregated like the policy loss); computed through both "
+                       "LM heads a chunk of rows at a time, so neither model's logits are held whole. 'reverse_kl': each sampled token gets the advantage -distill_coef * (log p_student - log "
                        "p_teacher), added to the task advantages (if any reward is given) and trained through the "
                        "policy loss with its rollout_is corrections; in expectation over the student's own samples its "
                        "gradient is that of KL(student || teacher) (Thinking Machines' on-policy distillation, "
@@ -30,11 +35,23 @@ class DistillFields:
                        "update per round: the live ones, detached; no extra forward)."),
     )
     distill_coef: Annotated[float, TEACHER] = field(
-        default=1.0, metadata=_help("Weight of the distillation advantage against the task advantages."),
+        default=1.0, metadata=_help("Weight of the distillation signal: of the reverse-KL advantage against the task "
+                                    "advantages, or of the GKD loss term."),
+    )
+    gkd_beta: Annotated[float, GKD] = field(
+        default=0.5, metadata=_help("GKD's beta: 0 the forward KL(teacher || student), 1 the reverse KL(student || "
+                                    "teacher), between them the generalized JSD with the mixture beta * p_teacher + "
+                                    "(1 - beta) * p_student (TRL's convention and default)."),
     )
 
 
 def check_distill(cfg) -> None:
     if cfg.distill_loss is not None:
         one_of("distill_loss", cfg.distill_loss, DISTILL_LOSSES)
-    raise_first_failed(cfg, [("distill_coef", cfg.distill_coef > 0, "must be > 0 (the teacher's pull on the student)")])
+    raise_first_failed(cfg, [
+        ("distill_coef", cfg.distill_coef > 0, "must be > 0 (the teacher's pull on the student)"),
+        ("gkd_beta", 0.0 <= cfg.gkd_beta <= 1.0, "must be in [0, 1] (0: forward KL, 1: reverse KL, between: the JSD)"),
+        ("distill_loss", cfg.distill_loss != "gkd" or not cfg.training_is_sharded,
+         "is not available under DeepSpeed or FSDP yet: the teacher's LM head would be read whole in every chunk of "
+         "the student's; use one process or DDP, or distill_loss='reverse_kl'"),
+    ])

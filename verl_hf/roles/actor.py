@@ -24,7 +24,7 @@ from ..distributed import is_fsdp2, is_sharded
 from ..rollout import HFSharedEngine, RolloutEngine, SamplingConfig, eos_token_ids
 from ..routing import RoutingReplay
 from .base import TrainableRole, score_in_chunks
-from .scoring import sequence_logprobs
+from .scoring import scored_responses, sequence_logprobs
 
 
 class Actor(TrainableRole):
@@ -181,6 +181,16 @@ class Actor(TrainableRole):
         model = model or self.model
         model.train()
         return self._logprobs(model, sequences.to(self.device), with_entropy, entropy_grad)
+
+    def compute_logprobs_and_divergence(self, sequences: RolloutBatch, divergence, model=None,
+                                       with_entropy: bool = False, entropy_grad: bool = False):
+        """As `compute_logprobs`, plus `divergence` (B, Lr) computed in the same forward from the response
+        positions' hidden states through the head (GKD: `TeacherPolicy.divergence_against`), with gradients."""
+        model = model or self.model
+        model.train()
+        with self.replaying(sequences):
+            return scored_responses(model, sequences.to(self.device), self.temperature, with_entropy, entropy_grad,
+                                    self.logits_chunk_size, divergence=divergence)
 
     def _logprobs(self, model, batch, with_entropy: bool = False, entropy_grad: bool = False):
         with self.replaying(batch):

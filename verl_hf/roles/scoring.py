@@ -84,14 +84,16 @@ def auto_chunk_size(vocab_size: int) -> int:
 
 @contextlib.contextmanager
 def head_scores(head: torch.nn.Linear, targets: torch.Tensor, temperature: float, chunk_size: int,
-                with_entropy: bool, vocab: int | None = None):
+                with_entropy: bool, vocab: int | None = None, divergence=None):
     """While inside, `head(hidden (B, K, H))` returns the log-probs of `targets` (B, K) as (B, K, 1) instead of
-    (B, K, V) logits; the entropies (B, K) of that call, when asked for, are yielded in a one-item list.
+    (B, K, V) logits; the entropies (B, K) of that call, when asked for, are yielded in a list, and so are the
+    values of `divergence(hidden, weight, bias) -> (B, K)` when given (GKD against a teacher: the same hidden
+    states through the same head, gathered once under ZeRO-3).
     `vocab`: normalise over ids [0, vocab) only (a teacher whose trailing rows are padding the student lacks).
 
     The entropies leave by the list rather than as a second column of the output: a column that the loss
     does not use would still send a zero gradient back and pay for the entropy's backward."""
-    entropies = []
+    entropies, divergences = [], []
 
     def forward(hidden):
         weight, bias = head.weight, head.bias
@@ -100,26 +102,39 @@ def head_scores(head: torch.nn.Linear, targets: torch.Tensor, temperature: float
         logprobs, entropy = linear_logprobs(hidden, weight, targets, bias, temperature=temperature,
                                             chunk_size=chunk_size, with_entropy=with_entropy)
         entropies.append(entropy)
+        if divergence is not None:
+            divergences.append(divergence(hidden, weight, bias))
         return logprobs.unsqueeze(-1)
 
     # An instance attribute: hooks registered with register_forward_*_hook (ZeRO-3 gathers) still run around
     # it. output_head refuses heads whose forward is already an instance attribute (accelerate's hooks).
     head.forward = forward
     try:
-        yield entropies
+        yield entropies, divergences
     finally:
         del head.forward
 
 
 def sequence_logprobs(model, batch, temperature: float = 1.0, with_entropy: bool = False,
                       entropy_grad: bool = False, chunk_size: int | None = None, vocab: int | None = None):
-    """Log-probs (B, Lr) of the response tokens under `model`, and their entropies (B, Lr) or None.
+    """Log-probs (B, Lr) of the response tokens under `model`, and their entropies (B, Lr) or None: see
+    `scored_responses`."""
+    logprobs, entropy, _ = scored_responses(model, batch, temperature, with_entropy, entropy_grad, chunk_size, vocab)
+    return logprobs, entropy
+
+
+def scored_responses(model, batch, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
+                     chunk_size: int | None = None, vocab: int | None = None, divergence=None):
+    """(log-probs (B, Lr) of the response tokens under `model`, their entropies (B, Lr) or None, the values of
+    `divergence` (B, Lr) or None).
 
     Positions follow the attention mask (left padding shifts them), exactly as `generate` numbered them.
     Only the response positions go through the LM head (`logits_to_keep`), not the prompt's. Entropies carry
     gradients only with `entropy_grad` (an entropy bonus); as a metric they cost no graph.
     `chunk_size`: rows per LM-head chunk (None: about 64 MiB of logits per chunk; 0: the full-logits path).
     `vocab`: the distributions over ids [0, vocab) only (None: every row of the head).
+    `divergence(hidden (B, K, H), weight, bias) -> (B, K)`: computed from the response positions' hidden states
+    through the head inside the same forward (GKD); it needs the chunked path (a plain head).
     """
     if chunk_size is not None and chunk_size < 0:
         raise ValueError(f"chunk_size must be >= 0 (0: full logits), got {chunk_size}")
@@ -127,28 +142,59 @@ def sequence_logprobs(model, batch, temperature: float = 1.0, with_entropy: bool
     inputs = dict(input_ids=batch.input_ids, attention_mask=attention_mask,
                   position_ids=(attention_mask.cumsum(dim=1) - 1).clamp(min=0), use_cache=False,
                   logits_to_keep=batch.response_ids.shape[1] + 1)
-    head = output_head(model) if chunk_size != 0 else None
+    head = output_head(model) if chunk_size != 0 or divergence is not None else None
     if head is None:
-        return _from_full_logits(model(**inputs).logits[..., :vocab], batch.response_ids, temperature, with_entropy,
-                                 entropy_grad)
+        if divergence is not None:
+            raise ValueError(f"{type(model).__name__}: a divergence against a teacher needs a plain nn.Linear LM head "
+                             f"whose logits the forward does not change (see output_head's log message).")
+        return (*_from_full_logits(model(**inputs).logits[..., :vocab], batch.response_ids, temperature, with_entropy,
+                                   entropy_grad), None)
     # Position t predicts token t+1: the last kept position predicts nothing (its target is a dummy 0).
     targets = torch.nn.functional.pad(batch.response_ids, (0, 1))
     rows = chunk_size or auto_chunk_size(head.out_features)
-    with head_scores(head, targets, temperature, rows, with_entropy, vocab) as entropies:
+    with head_scores(head, targets, temperature, rows, with_entropy, vocab, divergence) as (entropies, divergences):
         scores = model(**inputs).logits
     if len(entropies) != 1 or scores.shape[-1] != 1:
         # The forward did not call its head module exactly once (a custom forward using head.weight, or
         # several heads): what came back is not log-probs; score this model through the full logits.
         logger.warning("%s did not call its LM head module once per forward; scoring it through the full "
                        "logits (set logits_chunk_size=0 to skip this check)", type(model).__name__)
-        return _from_full_logits(model(**inputs).logits[..., :vocab], batch.response_ids, temperature, with_entropy,
-                                 entropy_grad)
+        if divergence is not None:
+            raise ValueError(f"{type(model).__name__} did not call its LM head module once per forward: no "
+                             f"divergence against a teacher can be computed from its hidden states.")
+        return (*_from_full_logits(model(**inputs).logits[..., :vocab], batch.response_ids, temperature, with_entropy,
+                                   entropy_grad), None)
     logprobs = scores[:, :-1, 0]
     entropy = None
     if with_entropy:
         entropy = entropies[0][:, :-1]
         entropy = entropy if entropy_grad and torch.is_grad_enabled() else entropy.detach()
-    return logprobs, entropy
+    return logprobs, entropy, divergences[0][:, :-1] if divergences else None
+
+
+@torch.no_grad()
+def response_hidden_states(model, batch) -> torch.Tensor:
+    """The hidden states (B, Lr, H) that `model`'s LM head receives at the positions predicting each response
+    token (a teacher's side of GKD), without computing its logits; positions follow the attention mask."""
+    head = output_head(model)
+    if head is None:
+        raise ValueError(f"{type(model).__name__}: its hidden states cannot stand in for its logits (see output_head's "
+                         f"log message), so no divergence can be computed through its head in chunks.")
+    attention_mask = batch.attention_mask
+    captured = []
+
+    def capture(hidden):
+        captured.append(hidden)
+        return hidden.new_zeros(*hidden.shape[:-1], 1)
+
+    head.forward = capture
+    try:
+        model(input_ids=batch.input_ids, attention_mask=attention_mask, use_cache=False,
+              position_ids=(attention_mask.cumsum(dim=1) - 1).clamp(min=0),
+              logits_to_keep=batch.response_ids.shape[1] + 1)
+    finally:
+        del head.forward
+    return captured[0][:, :-1]
 
 
 def _from_full_logits(logits, response_ids, temperature, with_entropy, entropy_grad):

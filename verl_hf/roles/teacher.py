@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import torch
 
+from ..algorithms.distill import chunked_generalized_jsd
 from ..batch import RolloutBatch
 from ..distributed import compute_device
 from .base import Role, score_in_chunks
-from .scoring import sequence_logprobs
+from .scoring import auto_chunk_size, output_head, response_hidden_states, sequence_logprobs
 
 
 class TeacherPolicy(Role):
@@ -53,3 +54,28 @@ class TeacherPolicy(Role):
                                                                      chunk_size=self.logits_chunk_size,
                                                                      vocab=self.vocab_size)[0])
         return logprobs.to(sequences.response_ids.device)
+
+    def divergence_against(self, sequences: RolloutBatch, beta: float):
+        """GKD's generalized JSD of a student against this teacher on `sequences`' response positions, as the
+        function `scored_responses(divergence=...)` calls with the student's hidden states (B, K, H) and head:
+        -> (B, K), through both heads a chunk of rows at a time (algorithms/distill.py). The teacher's forward
+        runs here, once, without gradients; its head is read where it lives (one process or DDP)."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            teacher_hidden = response_hidden_states(self.model, sequences.to(self.device))
+        finally:
+            self.model.train(was_training)
+        head = output_head(self.model)
+        # the student scores K = Lr + 1 positions (the last predicts nothing); the teacher's last is not kept
+        teacher_hidden = torch.nn.functional.pad(teacher_hidden, (0, 0, 0, 1))
+        rows = self.logits_chunk_size or auto_chunk_size(head.out_features)
+
+        def divergence(hidden, weight, bias):
+            batch, positions, _ = hidden.shape
+            values = chunked_generalized_jsd(hidden.reshape(batch * positions, -1), weight, bias,
+                                             teacher_hidden.reshape(batch * positions, -1).to(hidden),
+                                             head.weight, head.bias, beta, self.temperature, rows, self.vocab_size)
+            return values.view(batch, positions)
+
+        return divergence
