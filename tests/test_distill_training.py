@@ -55,11 +55,13 @@ def test_a_teacher_equal_to_the_student_changes_nothing_even_with_padding_rows(t
     assert (every_row - padded.get_logprobs(batch)).abs().max() > 0.1  # the padding rows would matter
 
     plain = _train(tmp_path / "plain", addition[0], max_steps=2, learning_rate=0.0)
+    assert "eval_distill_kl" not in plain.evaluate(addition[1])
     distilled = _train(tmp_path / "distilled", addition[0], max_steps=2, learning_rate=0.0, teacher_model_path=teacher)
     for before, after in zip(plain.state.log_history[:2], distilled.state.log_history[:2]):
         assert after["distill/reverse_kl"] == pytest.approx(0.0, abs=1e-6)
         assert after["loss"] == before["loss"] and after["grad_norm"] == before["grad_norm"]
     assert distilled.teacher.vocab_size == 86
+    assert distilled.evaluate(addition[1])["eval_distill_kl"] == pytest.approx(0.0, abs=1e-6)
     distilled.create_model_card()  # the card and verl_config.json record the teacher
     card = (Path(distilled.args.output_dir) / "README.md").read_text()
     assert f"On-policy distillation from the teacher {teacher}: loss reverse_kl, weight 1" in card, card
@@ -88,12 +90,16 @@ def test_reverse_kl_distillation_pulls_a_drifted_student_back_to_its_teacher(tmp
 
     args = small_config(tmp_path, max_steps=20, reward_funcs=["gsm8k"], reward_weights=[0.0],
                         teacher_model_path=WARM_START)
-    trainer = VerlTrainer(model=_noisy_student(tmp_path / "student"), args=args, train_dataset=addition[0])
+    trainer = VerlTrainer(model=_noisy_student(tmp_path / "student"), args=args, train_dataset=addition[0],
+                          eval_dataset=addition[1])
+    before = trainer.evaluate()["eval_distill_kl"]  # the exact KL on the held-out greedy answers
     trainer.train()
     kl = [h["distill/reverse_kl"] for h in trainer.state.log_history if "distill/reverse_kl" in h]
     assert len(kl) == 20
     first, last = sum(kl[:5]) / 5, sum(kl[-5:]) / 5
     assert last < 0.5 * first, kl
+    after = trainer.evaluate()["eval_distill_kl"]
+    assert after < 0.5 * before, (before, after)
 
 
 def test_without_a_reward_the_teacher_is_the_only_signal(tmp_path, addition):

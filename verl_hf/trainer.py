@@ -33,6 +33,7 @@ from .nonfinite import NonFiniteGuard, check_finite_loss, check_finite_weights
 from .placement import Placement
 from .roles import Actor, EngineWeightsChanged
 from .roles.dropout import original_rates_restored
+from .roles.scoring import output_head
 from .rollout import make_rollout_engine
 from .round import RoundBuilder, RoundSettings
 from .routing import moe_routers
@@ -296,7 +297,7 @@ class VerlTrainer(Trainer):
         started = time.time()
         with self.rounds.engine_held(self.state.global_step):  # the trainer's weights; no producer meanwhile
             metrics = evaluate_rewards(self.actor, self.rewards, self.constraint, dataset, self.args,
-                                       metric_key_prefix, self.multi_turn)
+                                       metric_key_prefix, self.multi_turn, self._evaluated_teacher())
         metrics.update(speed_metrics(metric_key_prefix, started, num_samples=len(dataset)))
         self._evaluating = True
         try:
@@ -305,6 +306,15 @@ class VerlTrainer(Trainer):
             self._evaluating = False
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
+
+    def _evaluated_teacher(self):
+        """The teacher whose held-out KL to the student evaluation reports (eval_distill_kl): where both models'
+        heads are whole on every process and can be read in chunks; None elsewhere (ZeRO-3, FSDP2, Gemma's
+        soft-capped logits, a LoRA head), and without a teacher."""
+        if self.teacher is None or self.placement.shards_weights:
+            return None
+        heads = output_head(self.accelerator.unwrap_model(self.model)), output_head(self.teacher.model)
+        return self.teacher if all(head is not None for head in heads) else None
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """Adds the RL metrics gathered since the last log (pooled over steps and processes) to training logs."""
