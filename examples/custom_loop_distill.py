@@ -23,15 +23,17 @@ from verl_hf.demo.task import demo_splits
 from verl_hf.vocabulary import shared_vocabulary
 
 
-def drifted_student(noise: float = 1.5) -> str:
-    """The warm start with Gaussian noise of `noise` times each weight matrix's spread (embeddings kept), saved."""
+def drifted_student(path: str | None = None, noise: float = 1.5) -> str:
+    """The warm start with Gaussian noise of `noise` times each weight matrix's spread (embeddings kept), saved to
+    `path` (default a new temporary folder): a student that has drifted from its teacher (held-out accuracy
+    from about 30% to about 4%)."""
     model = AutoModelForCausalLM.from_pretrained(WARM_START_DIR)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 2 and "embed" not in name:
                 p.add_(noise * p.std() * torch.randn(p.shape, generator=generator))
-    path = tempfile.mkdtemp(prefix="drifted-student-")
+    path = path or tempfile.mkdtemp(prefix="drifted-student-")
     model.save_pretrained(path)
     AutoTokenizer.from_pretrained(WARM_START_DIR).save_pretrained(path)
     return path

@@ -67,18 +67,15 @@ def test_a_teacher_equal_to_the_student_changes_nothing_even_with_padding_rows(t
     assert f"On-policy distillation from the teacher {teacher}: loss reverse_kl, weight 1" in card, card
 
 
-def _noisy_student(path: Path, noise: float = 1.5) -> str:
-    """The warm start with Gaussian noise of `noise` times each weight matrix's own spread added (embeddings
-    kept): a student that has drifted from its teacher (accuracy from about 30% to about 3%)."""
-    model = AutoModelForCausalLM.from_pretrained(WARM_START)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2 and "embed" not in name:
-                p.add_(noise * p.std() * torch.randn(p.shape, generator=generator))
-    model.save_pretrained(path)
-    AutoTokenizer.from_pretrained(WARM_START).save_pretrained(path)
-    return str(path)
+def _noisy_student(path: Path) -> str:
+    """examples/custom_loop_distill.py's drifted student: the warm start with noise in every weight matrix."""
+    return _example()["drifted_student"](str(path))
+
+
+def _example() -> dict:
+    import runpy
+
+    return runpy.run_path(str(Path(__file__).resolve().parents[1] / "examples" / "custom_loop_distill.py"))
 
 
 def test_reverse_kl_distillation_pulls_a_drifted_student_back_to_its_teacher(tmp_path, addition):
@@ -152,10 +149,7 @@ def test_distillation_settings_are_checked_when_the_config_is_built(tmp_path, fi
 def test_the_custom_distillation_loop_pulls_its_student_back(tmp_path):
     """examples/custom_loop_distill.py: the roles alone (Actor, TeacherPolicy) and the advantage function, no
     reward. The KL falls as in the trainer (AMD EPYC: 0.36 over the first 5 steps, 0.09 over the last 5)."""
-    import runpy
-
-    example = Path(__file__).resolve().parents[1] / "examples" / "custom_loop_distill.py"
-    history, _ = runpy.run_path(str(example))["main"](steps=20)
+    history, _ = _example()["main"](steps=20)
     assert sum(history[-5:]) / 5 < 0.5 * sum(history[:5]) / 5, history
 
 
