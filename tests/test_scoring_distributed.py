@@ -34,8 +34,12 @@ SCRIPT = textwrap.dedent('''
                                               chunk_size=chunk_size)
         return (torch.linspace(-1, 1, 10).view(2, 5) * logprobs).sum() - 0.1 * entropy.sum(), logprobs.detach()
 
-    def close(a, b, what):
-        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), (what, (a - b).abs().max().item())
+    def close(a, b, what, atol=1e-5):
+        assert torch.allclose(a, b, atol=atol, rtol=1e-5), (what, (a - b).abs().max().item())
+
+    # Gradients summed over the whole batch and averaged over the processes: an AVX2-only AMD EPYC (no AVX-512)
+    # rounds the tied embedding's gradient 3.7e-5 apart between the two paths (1e-5 held on AVX-512 and AMX).
+    GRAD_ATOL = 1e-4
 
     # 1. DDP: the chunked head through the wrapper; gradients averaged by DDP's reducer
     results = {}
@@ -46,7 +50,7 @@ SCRIPT = textwrap.dedent('''
         results[chunk] = logprobs, {n: p.grad.clone() for n, p in ddp.module.named_parameters()}
     close(results[3][0], results[0][0], "ddp log-probs")
     for name, grad in results[0][1].items():
-        close(results[3][1][name], grad, name)
+        close(results[3][1][name], grad, name, GRAD_ATOL)
 
     # 2. ZeRO-3: a partitioned head, gathered by its module hooks
     fetches = []
@@ -73,7 +77,7 @@ SCRIPT = textwrap.dedent('''
         assert sorted(gathers) == [False, True], (chunk, gathers)
     close(results[3][0], results[0][0], "zero-3 log-probs")
     for name, grad in results[0][1].items():
-        close(results[3][1][name], grad, name)
+        close(results[3][1][name], grad, name, GRAD_ATOL)
     # tear the gloo group down before exit: left to interpreter shutdown, a busy machine sometimes aborts
     # a process in its destructor ("terminate called without an active exception") after all checks passed
     dist.barrier()

@@ -45,8 +45,10 @@ def parse_serve_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return parser.parse_known_args(argv)
 
 
-def serve_command(args: argparse.Namespace, passthrough: list[str], has_gpu: bool) -> tuple[list[str], dict]:
-    """(argv, extra environment) of the vLLM server for these arguments."""
+def serve_command(args: argparse.Namespace, passthrough: list[str], has_gpu: bool,
+                  bf16_fast: bool = True) -> tuple[list[str], dict]:
+    """(argv, extra environment) of the vLLM server for these arguments; `bf16_fast`: this machine multiplies
+    bf16 in hardware (config.bf16_is_fast)."""
     transfer = args.transfer if args.transfer != "auto" else ("nccl" if has_gpu else GLOO_BACKEND)
     if transfer == "nccl" and not has_gpu:
         raise SystemExit(f"--transfer nccl needs GPUs; on this machine use --transfer {GLOO_BACKEND} (or auto).")
@@ -63,6 +65,10 @@ def serve_command(args: argparse.Namespace, passthrough: list[str], has_gpu: boo
     if not has_gpu:
         cmd.append("--enforce-eager")  # CPU: compiling takes longer than it saves on rollouts of small models
         cmd.append("--no-enable-chunked-prefill")  # seeded requests crash split CPU prefills: see VLLMEngine
+        if not bf16_fast and passthrough_value(passthrough, "--dtype") is None:
+            # vLLM would downcast an fp32 checkpoint to bf16 that this CPU (AVX2 only) emulates: slower, and
+            # the trainer, in fp32 here by default (bf16=None), would see bf16 log-probs (measured: 1e-3 apart)
+            cmd += ["--dtype", "float32"]
     return cmd + passthrough, {"VLLM_SERVER_DEV_MODE": "1"}
 
 
@@ -105,7 +111,9 @@ def main(argv: list[str]) -> int:
     args, passthrough = parse_serve_args(argv)
     import torch
 
-    cmd, env = serve_command(args, passthrough, has_gpu=torch.cuda.is_available())
+    from ..config import bf16_is_fast
+
+    cmd, env = serve_command(args, passthrough, has_gpu=torch.cuda.is_available(), bf16_fast=bf16_is_fast())
     if args.print_command:
         print(" ".join(f"{k}={v}" for k, v in env.items()), shlex.join(cmd))
         return 0
