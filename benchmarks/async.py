@@ -43,7 +43,9 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-from transformers import PrinterCallback, TrainerCallback  # noqa: E402 - after HF_HUB_OFFLINE, read at import
+from transformers import PrinterCallback  # noqa: E402 - after HF_HUB_OFFLINE, read at import
+
+from verl_hf.callbacks import TrainingClockCallback  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 WARM_START = str(REPO / "verl_hf" / "demo" / "warm_start")
 
@@ -181,29 +183,6 @@ def report(results: dict[str, dict[str, list[dict]]], args) -> None:
               f"{best_sync / best / bound:.0%} of the bound")
 
 
-class TrainingClock(TrainerCallback):
-    """Records (step, training seconds, held-out accuracy) at each evaluation during train():
-    the seconds since train() began, less the time spent evaluating."""
-
-    def __init__(self):
-        self.started = self.step_ended = None
-        self.evaluating_s = 0.0
-        self.points: list[tuple[int, float, float]] = []
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.started = self.step_ended = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.step_ended = time.perf_counter()
-
-    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
-        if self.started is None:
-            return  # the evaluation before training: step 0, second 0
-        self.points.append((state.global_step, self.step_ended - self.started - self.evaluating_s,
-                            metrics["eval_accuracy"]))
-        self.evaluating_s += time.perf_counter() - self.step_ended
-
-
 def demo_run(url: str, staleness: int, seed: int, args, out: str) -> list[tuple[int, float, float]]:
     """One demo run on the server; its (step, training seconds, accuracy) points from step 0."""
     from verl_hf import VerlTrainer
@@ -215,7 +194,7 @@ def demo_run(url: str, staleness: int, seed: int, args, out: str) -> list[tuple[
         "--max_staleness", str(staleness), "--rollout_is", "token", "--eval_steps", str(args.eval_steps),
         "--max_steps", str(args.demo_steps + (args.extra_steps if staleness else 0)), "--disable_tqdm", "true"])
     train, test = load_splits(script)
-    clock = TrainingClock()
+    clock = TrainingClockCallback()
     trainer = VerlTrainer(model=load_policy_path(script.model_name_or_path), args=config, train_dataset=train,
                           eval_dataset=test, callbacks=[clock])
     trainer.remove_callback(PrinterCallback)  # a dict a step; the points are printed after the run

@@ -3,6 +3,7 @@
 progress.py     RLProgressCallback: progress bar and a table of the RL metrics
 samples.py      CompletionSamplesCallback: prompts, completions, rewards, advantages to files and trackers
 plots.py        RewardCurvePlotCallback: reward / KL / length / lambda curves as a PNG, refreshed live
+clock.py        TrainingClockCallback: held-out accuracy against training seconds (evaluation excluded)
 guards.py       KLGuardCallback (stop or roll back on KL blow-up or entropy collapse),
                 RewardTargetStoppingCallback
 checkpoints.py  BestRewardCheckpointCallback: keep the best checkpoint by an eval metric
@@ -15,6 +16,7 @@ See it work: tests/test_callbacks.py.
 """
 
 from .checkpoints import BestRewardCheckpointCallback
+from .clock import TrainingClockCallback
 from .guards import KLGuardCallback, RewardTargetStoppingCallback
 from .hub import PushToHubCallback
 from .plots import RewardCurvePlotCallback
@@ -23,4 +25,5 @@ from .reference import SyncRefModelCallback
 from .samples import CompletionSamplesCallback
 
 __all__ = ["BestRewardCheckpointCallback", "CompletionSamplesCallback", "KLGuardCallback", "PushToHubCallback",
-           "RLProgressCallback", "RewardCurvePlotCallback", "RewardTargetStoppingCallback", "SyncRefModelCallback"]
+           "RLProgressCallback", "RewardCurvePlotCallback", "RewardTargetStoppingCallback", "SyncRefModelCallback",
+           "TrainingClockCallback"]

@@ -1,6 +1,7 @@
 """On-policy distillation as a loop of role calls: the student samples, a frozen teacher scores each sampled
 token, and the student takes the policy-gradient step whose per-token advantage is -(log p_student - log
-p_teacher) (in expectation over its own samples, the gradient of the reverse KL(student || teacher)).
+p_teacher) (in expectation over its own samples, the gradient of the per-token reverse KL(student || teacher)
+at each sampled prefix).
 
 No reward at all: the teacher's log-probs are the only signal. Here the teacher is the demo's warm start and the
 student the same model with noise in every weight matrix (a student that drifted from its teacher); the loop

@@ -24,6 +24,7 @@ def test_examples_configs_are_the_packaged_demo_configs():
 
     assert (REPO / "examples" / "configs" / "demo.yaml").read_text() == DEMO_CONFIG.read_text()
     assert (REPO / "examples" / "configs" / "tools.yaml").read_text() == DEMO_TASKS["tools"].read_text()
+    assert (REPO / "examples" / "configs" / "distill.yaml").read_text() == DEMO_TASKS["distill"].read_text()
 
 
 def test_unknown_yaml_field(tmp_path):
@@ -43,6 +44,54 @@ def test_train_command_runs_and_writes_outputs(tmp_path):
     assert summary["steps"] == 4 and 0 <= summary["accuracy_after"] <= 1
     assert (out / "curve.png").stat().st_size > 1000 and (out / "model.safetensors").exists()
     assert "reward" in result.stdout  # the table header
+
+
+def test_distill_demo_reuses_a_prior_grpo_demo_as_its_teacher_and_compares_the_runs(tmp_path):
+    """`verl-hf demo --task distill` with a prior GRPO demo's folder (here the warm start and a summary saying
+    seed 0, 500 steps, held-out accuracy 0.30 after 200 s): no GRPO run, 4 distillation steps, and the comparison
+    (the student's first evaluation within 3 points of the teacher, as shares of GRPO's steps and seconds)."""
+    import shutil
+
+    from verl_hf.demo import WARM_START_DIR
+
+    teacher = tmp_path / "demo-output"
+    shutil.copytree(WARM_START_DIR, teacher)
+    (teacher / "summary.json").write_text(json.dumps({"seed": 0, "steps": 500, "accuracy_after": 0.30,
+                                                      "accuracy_by_seconds": [[0, 0.0, 0.3], [500, 200.0, 0.30]]}))
+    out = tmp_path / "distill"
+    cmd = [sys.executable, "-m", "verl_hf.cli", "demo", "--task", "distill", "--teacher_model_path", str(teacher),
+           "--max_steps", "4", "--eval_steps", "2", "--logging_steps", "2", "--output_dir", str(out)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"teacher: the GRPO demo in {teacher}/ (seed 0, 500 steps" in result.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    steps = [point[0] for point in summary["accuracy_by_seconds"]]
+    comparison = summary["distill_vs_grpo"]
+    assert steps == [0, 2, 4] and comparison["grpo_steps"] == 500 and comparison["grpo_seconds"] == 200.0
+    assert comparison["reached_step"] == 2  # the warm start is the teacher here: within 3 points from the start
+    assert comparison["steps_share"] == 2 / 500 and "distillation: held-out accuracy" in result.stdout
+    assert (out / "curve.png").stat().st_size > 1000
+
+
+def test_the_distill_demo_never_trains_its_teacher_over_a_folder_it_did_not_make(tmp_path):
+    from verl_hf.demo.distill_demo import teacher_summary
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "model.safetensors").write_text("a user's model")
+    with pytest.raises(ValueError, match="holds files but no GRPO demo summary"):
+        teacher_summary(str(mine), seed=0)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "summary.json").write_text(json.dumps({"seed": 1, "steps": 500, "accuracy_after": 0.6,
+                                                    "accuracy_by_seconds": [[0, 0.0, 0.3], [500, 200.0, 0.6]]}))
+    with pytest.raises(ValueError, match="it is seed 1's run, not seed 0's"):
+        teacher_summary(str(other), seed=0)
+    (other / "summary.json").write_text(json.dumps({"seed": 0, "steps": 500, "accuracy_after": 0.6}))
+    with pytest.raises(ValueError, match=r"it lacks \['accuracy_by_seconds'\]"):
+        teacher_summary(str(other), seed=0)
+    with pytest.raises(ValueError, match="multi-process|train it first"):
+        teacher_summary(str(tmp_path / "new"), seed=0, world_size=2)
 
 
 def test_env_and_help(capsys):

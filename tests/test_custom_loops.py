@@ -20,8 +20,8 @@ def _mean(values):
 
 
 # Gains over the warm start's 0.27 on these 100 problems, 60 steps: custom PPO with one mini-batch of 64 per rollout
-# (2 epochs) +24 on an Intel Xeon with AMX and +8 on an AMD EPYC (2026-12-05), against its bar of +3 (5 problems
-# under the weaker CPU; the bar of +13 held on Intel only: CI on an AMD machine failed it); custom ReMax +8 against +3.
+# (2 epochs) +24 on an Intel Xeon with AMX and +8 on an AVX2-only AMD EPYC (2026-12-05), against its bar of +3 (5
+# problems under the weaker CPU; the bar of +13 held on Intel only); custom ReMax +8 against +3.
 def test_custom_loop_ppo_learns(addition, warm_start_accuracy):
     history, actor = runpy.run_path(str(EXAMPLES / "custom_loop_ppo.py"))["main"](steps=60, seed=0)
     assert _mean(history[-20:]) > _mean(history[:20]), history

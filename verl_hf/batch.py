@@ -38,7 +38,7 @@ class RolloutBatch:
     response_routes: torch.Tensor | None = None  # (B, Lr, L, k)
     old_logprobs: torch.Tensor | None = None  # (B, Lr) actor before the update; None = on-policy (use detached)
     ref_logprobs: torch.Tensor | None = None  # (B, Lr)
-    teacher_logprobs: torch.Tensor | None = None  # (B, Lr) on-policy distillation: the teacher's, of the sampled tokens
+    teacher_logprobs: torch.Tensor | None = None  # (B, Lr) distillation: the teacher's, of the sampled tokens
     values: torch.Tensor | None = None  # (B, Lr) critic values at rollout time (PPO)
     reward_baselines: torch.Tensor | None = None  # (B,) ReMax: reward of the prompt's greedy response
     rewards: torch.Tensor | None = None  # (B,) weighted sum over reward functions

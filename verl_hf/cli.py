@@ -1,8 +1,10 @@
-"""`verl-hf`: `train CONFIG.yaml [--field value ...]`, `demo [--task tools] [--field value ...]`, `env`, `vllm-serve MODEL`.
+"""`verl-hf`: `train CONFIG.yaml [--field value ...]`, `demo [--task tools|distill] [--field value ...]`, `env`,
+`vllm-serve MODEL`.
 
 A YAML file sets any `VerlConfig` / `ScriptArguments` field; flags after it override single fields.
 `verl-hf demo` is `verl-hf train` on the packaged demo config (verl_hf/demo/demo.yaml); `--task tools` on
-the tool demo's (verl_hf/demo/tools.yaml: multi-turn GRPO with a `multiply` tool).
+the tool demo's (verl_hf/demo/tools.yaml: multi-turn GRPO with a `multiply` tool); `--task distill` distills
+the GRPO demo's model into the warm start and compares the two runs (verl_hf/demo/distill_demo.py).
 
 See it work: tests/test_cli.py.
 """
@@ -16,7 +18,8 @@ from dataclasses import fields
 from pathlib import Path
 
 DEMO_CONFIG = Path(__file__).parent / "demo" / "demo.yaml"
-DEMO_TASKS = {"addition": DEMO_CONFIG, "tools": DEMO_CONFIG.parent / "tools.yaml"}
+DEMO_TASKS = {"addition": DEMO_CONFIG, "tools": DEMO_CONFIG.parent / "tools.yaml",
+              "distill": DEMO_CONFIG.parent / "distill.yaml"}
 # What a person can fix from the message alone: the CLI prints it and exits 2, with the traceback in a file
 # (`--traceback` raises it instead; not `--debug`, which is a TrainingArguments field).
 USER_ERRORS = (ValueError, TypeError, FileNotFoundError, FloatingPointError)
@@ -194,7 +197,8 @@ def _traceback_file(error: BaseException) -> str:
 
 
 def _run_command(argv: list[str]) -> int:
-    usage = "usage: verl-hf {train CONFIG.yaml | demo [--task tools] | env | vllm-serve MODEL} [--field value ...]"
+    usage = ("usage: verl-hf {train CONFIG.yaml | demo [--task tools|distill] | env | vllm-serve MODEL} "
+             "[--field value ...]")
     if not argv or argv[0] in ("-h", "--help"):
         print(usage + "\n\n" + __doc__.split("\n\n")[1])
         return 0
@@ -214,6 +218,11 @@ def _run_command(argv: list[str]) -> int:
         config_path, rest = rest[0], rest[1:]
     elif command == "demo":
         config_path, rest = _demo_config(rest)
+        if config_path == str(DEMO_TASKS["distill"]):  # two runs: the teacher's (GRPO) and the distillation
+            from .demo.distill_demo import run_distill_demo
+
+            print("summary:", run_distill_demo(rest))
+            return 0
     else:
         raise UsageError(f"unknown command {command!r}. {usage}")
     from .runner import run_training

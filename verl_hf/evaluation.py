@@ -13,7 +13,6 @@ import torch
 
 from .data import prepare_prompts, prompt_options
 from .metrics import accuracy_metric
-from .roles.scoring import scored_responses
 from .sample_and_score import RewardStage, SamplingSettings, generate, sampling_kwargs, with_turn_rewards
 
 
@@ -33,11 +32,11 @@ def evaluate_rewards(actor, rewards: RewardStage, constraint, dataset, args, pre
     environment's per-turn rewards too (`<prefix>_turn_reward`), and the rollout's metrics are reported
     (`<prefix>_turns/mean`, `<prefix>_tool_calls/mean`, ...; the padding rows of uneven shards included).
     With a `teacher` (a TeacherPolicy), `<prefix>_distill_kl` is the mean over the evaluated response tokens of
-    the exact KL(student || teacher) of their next-token distributions (the padding rows included)."""
+    the exact KL(student || teacher) of their next-token distributions."""
     indices = list(range(args.process_index, len(dataset), args.world_size))
     per_rank, real = -(-len(dataset) // args.world_size), len(indices)
     indices += [indices[-1] if indices else 0] * (per_rank - real)
-    scores, lengths, costs, turn_rewards, rollout, gaps = [], [], [], [], [], []
+    scores, lengths, costs, turn_rewards, rollout, kl_sums = [], [], [], [], [], []
     for start in range(0, len(indices), args.per_device_eval_batch_size):
         rows = [dataset[i] for i in indices[start : start + args.per_device_eval_batch_size]]
         batch, rollout_metrics = generate(actor, rows, multi_turn, **sampling_kwargs(SamplingSettings.of(args), train=False))
@@ -47,39 +46,37 @@ def evaluate_rewards(actor, rewards: RewardStage, constraint, dataset, args, pre
         turn_rewards += with_turn_rewards(torch.zeros(len(batch)), batch).tolist()
         rollout.append((len(batch), rollout_metrics))
         if teacher is not None:
-            gaps.append(distill_kl(actor, teacher, batch))
+            kl_sums += distill_kl(actor, teacher, batch)
     keep = real * args.eval_num_generations
     scores, lengths, costs, turn_rewards = scores[:keep], lengths[:keep], costs[:keep], turn_rewards[:keep]
+    kl_sums = kl_sums[:keep]
     if args.world_size > 1:
         from accelerate.utils import gather_object
 
         scores, lengths, costs = gather_object(scores), gather_object(lengths), gather_object(costs)
-        turn_rewards, rollout, gaps = gather_object(turn_rewards), gather_object(rollout), gather_object(gaps)
+        turn_rewards, rollout, kl_sums = gather_object(turn_rewards), gather_object(rollout), gather_object(kl_sums)
     per_function = torch.tensor(scores, dtype=torch.float32).view(-1, len(rewards.funcs))
     metrics = reward_metrics(per_function, rewards, args.eval_correct_threshold, prefix, torch.tensor(turn_rewards))
     metrics[f"{prefix}_response_length"] = sum(lengths) / max(len(lengths), 1)
     if multi_turn is not None:
         metrics.update(rollout_means(rollout, prefix))
-    if gaps:
-        metrics[f"{prefix}_distill_kl"] = sum(kl for kl, _ in gaps) / max(sum(n for _, n in gaps), 1.0)
+    if kl_sums:
+        metrics[f"{prefix}_distill_kl"] = sum(kl for kl, _ in kl_sums) / max(sum(n for _, n in kl_sums), 1.0)
     return {**metrics, **per_function_metrics(per_function, rewards, prefix), **cost_metrics(costs, prefix)}
 
 
 @torch.no_grad()
-def distill_kl(actor, teacher, batch) -> tuple[float, float]:
-    """(the sum over `batch`'s response tokens of KL(student || teacher) over the ids both share, the token count):
-    the whole distributions through both heads in chunks (GKD's divergence at beta = 1), at the training
-    temperature."""
-    model, batch = actor.model, batch.to(actor.device)
-    was_training = model.training
-    model.eval()
+def distill_kl(actor, teacher, batch) -> list[tuple[float, float]]:
+    """Per row of `batch`: (the sum over its response tokens of KL(student || teacher) over the ids both share,
+    its token count). The whole distributions through both heads in chunks (GKD's divergence at beta = 1), at
+    the training temperature."""
+    was_training = actor.model.training
     try:
-        _, _, kl = scored_responses(model, batch, actor.temperature, chunk_size=actor.logits_chunk_size,
-                                    divergence=teacher.divergence_against(batch, 1.0))
+        _, _, kl = actor.compute_logprobs_and_divergence(batch, teacher.divergence_against(batch, 1.0))
     finally:
-        model.train(was_training)
+        actor.model.train(was_training)
     mask = batch.response_mask.to(kl.device).float()
-    return float((kl * mask).sum()), float(mask.sum())
+    return list(zip((kl * mask).sum(dim=1).tolist(), mask.sum(dim=1).tolist()))
 
 
 def rollout_means(rollout: list[tuple[int, dict]], prefix: str) -> dict[str, float]:

@@ -92,7 +92,7 @@ def _dataset_label(trainer, dataset) -> dict | None:
 def latest_metrics(log_history: list[dict]) -> dict[str, float]:
     """The latest logged value of each reward, cost, lambda and evaluation metric."""
     keep = ("reward/", "cost/", "safety/", "eval_reward", "eval_accuracy", "eval_cost", "eval_unsafe_rate", "kl",
-            "distill/")
+            "distill/", "eval_distill_kl")
     latest = {}
     for entry in log_history:
         for key, value in entry.items():
@@ -146,9 +146,11 @@ def model_card(info: dict, repo_id: str) -> str:
     if info.get("teacher"):
         teacher = info["teacher"]
         name = teacher["name"] or "(a model given in memory)"
+        signal = "GKD divergence" if teacher["loss"] == "gkd" else "KL(student || teacher)"
         lines += ["", "## Distillation", "", f"On-policy distillation from the teacher {name}: loss {teacher['loss']}, "
-                  f"weight {teacher['coef']:g}; last training KL(student || teacher) per token "
-                  f"{_fmt(metrics.get('distill/reverse_kl'))}."]
+                  f"weight {teacher['coef']:g}; last training {signal} per token "
+                  f"{_fmt(metrics.get('distill/gkd' if teacher['loss'] == 'gkd' else 'distill/reverse_kl'))}; "
+                  f"held-out KL(student || teacher) per token {_fmt(metrics.get('eval_distill_kl'))}."]
     lines += ["", "## How to load", "", "```python", *_load_snippet(info, repo_id), "```", "",
               "The whole configuration, the reward functions and the library versions are in `verl_config.json`.", ""]
     return "\n".join(front + lines)

@@ -99,14 +99,16 @@ def run_training(script: ScriptArguments, config) -> dict:
     """Train as configured; returns the summary written to summary.json."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from verl_hf.callbacks import RLProgressCallback
+    from verl_hf.callbacks import RLProgressCallback, TrainingClockCallback
 
     from .trainer import VerlTrainer
 
     started = time.time()
     train, test = load_splits(script)
+    clock = TrainingClockCallback()  # held-out accuracy against training seconds, for comparisons of runs
     trainer = VerlTrainer(model=load_policy_path(script.model_name_or_path), args=config, train_dataset=train,
-                          eval_dataset=test, callbacks=[RLProgressCallback()], peft_config=peft_config_of(script))
+                          eval_dataset=test, callbacks=[RLProgressCallback(), clock],
+                          peft_config=peft_config_of(script))
     for noisy in (PrinterCallback, ProgressCallback):  # the table replaces the raw dict prints
         trainer.remove_callback(noisy)
     before = trainer.evaluate() if test is not None else {}
@@ -121,6 +123,8 @@ def run_training(script: ScriptArguments, config) -> dict:
     if test is not None:
         summary["gain_points"] = round(100 * (summary["accuracy_after"] - summary["accuracy_before"]), 1)
         summary.update(_before_and_after(before, after))
+        # (step, training seconds with evaluation excluded, held-out accuracy), from step 0
+        summary["accuracy_by_seconds"] = [[0, 0.0, before.get("eval_accuracy")], *map(list, clock.points)]
     if trainer.safety is not None:
         summary["lagrange_lambda"] = trainer.safety.lagrange_lambda
     if trainer.is_world_process_zero():

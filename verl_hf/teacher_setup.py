@@ -17,7 +17,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from .roles import TeacherPolicy
-from .roles.scoring import output_head
+from .roles.scoring import logits_postprocessing, output_head
 from .vocabulary import shared_vocabulary
 
 
@@ -31,24 +31,69 @@ class TeacherSource:
 
 
 def check_teacher(teacher, args, tokenizer, student) -> TeacherSource | None:
-    """None without a teacher; else the teacher checked against the student's tokenizer and rows."""
+    """None without a teacher; else the teacher checked against the student's tokenizer and rows, and against
+    the settings it cannot serve, before any model loads."""
     if teacher is not None and args.teacher_model_path:
-        raise ValueError(f"teacher= and teacher_model_path={args.teacher_model_path!r} both name the teacher; give one.")
+        raise ValueError(f"teacher= and teacher_model_path={args.teacher_model_path!r} both name the teacher; give "
+                         f"one.")
     teacher = args.teacher_model_path if teacher is None else teacher
     if teacher is None:
         return None
-    if isinstance(teacher, os.PathLike):
-        teacher = str(teacher)
-    if isinstance(teacher, str):  # check_model_paths said already if a local path is missing
-        name, teacher_tokenizer, rows = teacher, AutoTokenizer.from_pretrained(teacher), _rows(AutoConfig.from_pretrained(teacher))
-    else:
-        model = teacher.model if isinstance(teacher, TeacherPolicy) else teacher
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"teacher must be an id, a path, a causal LM or a TeacherPolicy, got {type(teacher).__name__}.")
-        name, rows = getattr(model.config, "_name_or_path", "") or "teacher", _rows(model.config)
-        teacher_tokenizer = getattr(teacher, "tokenizer", None) or _tokenizer_of(model)
-    shared = shared_vocabulary(tokenizer, teacher_tokenizer, _student_rows(student), rows, teacher_name=f"teacher {name}")
+    _refuse_settings_with_a_teacher(args)
+    teacher = str(teacher) if isinstance(teacher, os.PathLike) else teacher
+    name, config, teacher_tokenizer = _teacher_parts(teacher)
+    student_config = _student_config(student)
+    if args.distill_loss == "gkd":
+        for who, each in (("student", student_config), (f"teacher {name}", config)):
+            rescaled = logits_postprocessing(each)
+            if rescaled:
+                raise ValueError(f"distill_loss='gkd' reads the {who}'s LM head in chunks, but its forward changes "
+                                 f"the logits after the head ({rescaled}); use distill_loss='reverse_kl'.")
+    student_rows, teacher_rows = _rows(student_config), _rows(config)
+    if student_rows > teacher_rows:
+        raise ValueError(f"the student has {student_rows} embedding rows and the teacher {name} {teacher_rows}: the "
+                         f"student can sample an id the teacher has no row for, and the teacher could not read that "
+                         f"response. Use a teacher with at least the student's rows (the larger member of a family "
+                         f"as teacher), or resize the student's embeddings to {teacher_rows} rows.")
+    shared = shared_vocabulary(tokenizer, teacher_tokenizer, student_rows, teacher_rows, teacher_name=f"teacher {name}")
+    if isinstance(teacher, TeacherPolicy):
+        _check_given_role(teacher, args, shared)
     return TeacherSource(teacher, teacher_tokenizer, shared)
+
+
+def _refuse_settings_with_a_teacher(args) -> None:
+    """What distillation does not combine with yet, each with the reason."""
+    if args.dynamic_sampling:
+        raise ValueError("dynamic_sampling=True with a distillation teacher: it drops prompt groups whose task rewards "
+                         "are all equal, but they still carry the teacher's per-token signal (without a task reward "
+                         "every group would be dropped). Set dynamic_sampling=False.")
+    if args.safe_rl:
+        raise ValueError("a distillation teacher with Safe-RLHF (cost_funcs or cost_model_path): the constraint "
+                         "rescales the advantages by 1 + lambda, and the teacher's share would move with lambda; "
+                         "they do not combine yet. Drop one of them.")
+
+
+def _teacher_parts(teacher) -> tuple[str, object, object]:
+    """(its name for messages, its config, its tokenizer), without loading weights for an id or path."""
+    if isinstance(teacher, str):  # check_model_paths said already if a local path is missing
+        return teacher, AutoConfig.from_pretrained(teacher), AutoTokenizer.from_pretrained(teacher)
+    model = teacher.model if isinstance(teacher, TeacherPolicy) else teacher
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"teacher must be an id, a path, a causal LM or a TeacherPolicy, got {type(teacher).__name__}.")
+    name = getattr(model.config, "_name_or_path", "") or "(given in memory)"
+    return name, model.config, getattr(teacher, "tokenizer", None) or _tokenizer_of(model)
+
+
+def _check_given_role(role: TeacherPolicy, args, shared: int) -> None:
+    """A TeacherPolicy the user built scores at the run's temperature and on the shared ids at most."""
+    if role.temperature != args.temperature:
+        raise ValueError(f"the given TeacherPolicy scores at temperature={role.temperature}, the student samples and "
+                         f"scores at temperature={args.temperature}: the two distributions would not compare. Build "
+                         f"it with TeacherPolicy(..., temperature={args.temperature}).")
+    if role.vocab_size is not None and role.vocab_size > shared:
+        raise ValueError(f"the given TeacherPolicy has vocab_size={role.vocab_size}, more than the {shared} ids it "
+                         f"shares with the student; leave vocab_size=None (set to {shared} here) or set it to "
+                         f"{shared}.")
 
 
 def make_teacher(placement, source: TeacherSource | None, args, student) -> TeacherPolicy | None:
@@ -74,7 +119,7 @@ def _placed_teacher(placement, source: TeacherSource, args) -> TeacherPolicy:
     if isinstance(model, str):
         from .trainer_setup import load_checkpoint  # noqa: PLC0415
 
-        model = load_checkpoint(AutoModelForCausalLM, model, "teacher_model_path")
+        model = load_checkpoint(AutoModelForCausalLM, model, "teacher")
     model, engine = placement.place_frozen(model) if placement.shards_weights else (model.to(placement.device), None)
     role = TeacherPolicy(model, source.tokenizer, temperature=args.temperature,
                          logits_chunk_size=args.logits_chunk_size, vocab_size=source.vocab_size)
@@ -88,11 +133,10 @@ def _rows(config) -> int:
     return int(text.vocab_size)
 
 
-def _student_rows(student) -> int:
+def _student_config(student):
     if isinstance(student, str):
-        return _rows(AutoConfig.from_pretrained(student))
-    base = getattr(student, "get_base_model", lambda: student)()
-    return _rows(base.config)
+        return AutoConfig.from_pretrained(student)
+    return getattr(student, "get_base_model", lambda: student)().config
 
 
 def _tokenizer_of(model):

@@ -245,7 +245,8 @@ class VerlTrainer(Trainer):
 
     def _actor_backward(self, model, mb) -> tuple[torch.Tensor, dict]:
         model.train()
-        entropy_kwargs = dict(with_entropy=entropy_needed(self.args, self.state), entropy_grad=self.args.entropy_coef > 0)
+        entropy_kwargs = dict(with_entropy=entropy_needed(self.args, self.state),
+                              entropy_grad=self.args.entropy_coef > 0)
         with self.actor.replaying(mb):  # MoE routing replay, backward included (gradient checkpointing)
             with self.compute_loss_context_manager():
                 if self.args.distill_loss == "gkd":  # the teacher's forward, then the student's with the divergence

@@ -50,6 +50,7 @@ class UpdateSettings(Settings):
     cliprange_value: float
     on_nonfinite: str
     proximal_logprobs: str
+    distill_loss: str | None
     distill_coef: float
 
 
@@ -113,7 +114,7 @@ class PolicyUpdate:
         -distill_coef * (log p_student - log p_teacher), the student's log-probs being the ratio's old ones (the
         policy at the step's start). Added here rather than when the round is planned: with one update per
         round those are the live log-probs, detached, so the signal costs no extra forward pass."""
-        if mb.teacher_logprobs is None:
+        if mb.teacher_logprobs is None or self.settings.distill_loss == "gkd":  # (a round resumed across a change)
             return mb.advantages, {}
         mask = mb.response_mask.float()
         distill = reverse_kl_advantages(old_logprobs, mb.teacher_logprobs, mask, self.settings.distill_coef)
@@ -121,7 +122,8 @@ class PolicyUpdate:
         gap = masked_mean(-distill / self.settings.distill_coef, mask).item()
         return mb.advantages + distill, {"distill/reverse_kl": gap}
 
-    def corrected_advantages(self, mb, advantages: torch.Tensor, old_logprobs: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    def corrected_advantages(self, mb, advantages: torch.Tensor,
+                             old_logprobs: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """With `rollout_is`: advantages x the truncated/masked weights pi_old / pi_rollout (see
         algorithms/rollout_correction.py for why weighting the advantages is the same gradient)."""
         s = self.settings

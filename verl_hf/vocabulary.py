@@ -6,8 +6,8 @@ Nothing fails at run time when it is not: the teacher scores different tokens th
 the distillation is silently wrong (TRL issue #4562). So `shared_vocabulary` refuses such a pair by name, and
 returns the number of leading ids [0, n) on which the two distributions are compared.
 
-What it checks: the two tokenizers' token -> id maps (added tokens included) are equal; eos, pad and bos ids
-agree; every id a tokenizer can produce lies inside both models' embedding rows. Models may carry padding rows
+What it checks: the two tokenizers' token -> id maps (added tokens included) are equal; their eos ids agree;
+every id a tokenizer can produce lies inside both models' embedding rows. Models may carry padding rows
 beyond their tokenizer (Qwen2.5 shares one tokenizer of 151665 tokens between 0.5B with 151936 rows and 7B with
 152064): n is the smaller row count, and the larger model's trailing rows, which no token uses, are left out.
 What it leaves alone: chat templates. The teacher scores token ids, not text, so a teacher with another chat
@@ -18,7 +18,9 @@ See it work: tests/test_vocabulary.py.
 
 from __future__ import annotations
 
-SPECIAL_IDS = ("eos_token_id", "pad_token_id", "bos_token_id")
+# Only eos: with equal token maps every id is the same token for both, and which token a tokenizer calls pad or
+# bos changes nothing the teacher scores (pad positions are masked; a bos is an ordinary token of the prompt).
+SPECIAL_IDS = ("eos_token_id",)
 FIX = "use a teacher of the same tokenizer family as the student, or load both with the same tokenizer"
 EXAMPLES = 3  # differing tokens named in an error; enough to recognise the mismatch, short enough to read
 
@@ -73,7 +75,7 @@ def _token_map_message(student_vocab: dict[str, int], teacher_vocab: dict[str, i
 
 
 def _check_special_ids(student_tokenizer, teacher_tokenizer, teacher_name: str) -> None:
-    """eos ids must be equal; pad and bos ids too where both tokenizers set them.
+    """eos ids must be equal (SPECIAL_IDS; a name both tokenizers leave unset is not compared).
 
     eos matters because a response ends at the student's eos: a teacher whose eos is another token scores the
     student's stop as an ordinary token and teaches it not to stop where it should.

@@ -4,7 +4,9 @@ Two signals, both per response token:
 - `reverse_kl_advantages`: on the sampled tokens only, A_t = -coef * (log p_s(y_t) - log p_t(y_t)), a
   per-token advantage for the ordinary policy-gradient loss (tinker-cookbook's train_on_policy.py; Thinking
   Machines' "On-Policy Distillation" write-up). Its expectation under the student's own samples is the
-  gradient of the reverse KL(p_s || p_t); each token gets its own term only (no sum over later tokens), as there.
+  gradient of the per-token reverse KL(p_s || p_t) summed over the sampled prefixes, each prefix held fixed:
+  each token gets its own term only (no credit from later tokens, a discount of 0, as there), which is not the
+  gradient of the whole sequences' KL.
 - `generalized_jsd` / `chunked_generalized_jsd`: GKD's divergence over the full next-token distributions
   (Agarwal et al. 2024, "On-Policy Distillation of Language Models"), differentiated directly. With the mixture
   M = beta * p_t + (1 - beta) * p_s: JSD_beta = beta * KL(p_t || M) + (1 - beta) * KL(p_s || M). As in TRL's
@@ -67,8 +69,8 @@ def _head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 def _chunk_jsd(student_hidden, student_weight, student_bias, teacher_hidden, teacher_weight, teacher_bias,
                beta: float, temperature: float, vocab: int) -> torch.Tensor:
     student = _head(student_hidden, student_weight, student_bias, vocab)
-    with torch.no_grad():
-        teacher = _head(teacher_hidden, teacher_weight, teacher_bias, vocab)
+    with torch.no_grad():  # in the teacher's own dtype and on its device; compared in fp32 on the student's
+        teacher = _head(teacher_hidden, teacher_weight, teacher_bias, vocab).to(student.device)
     return generalized_jsd(student, teacher, beta, temperature)
 
 
@@ -81,7 +83,7 @@ def chunked_generalized_jsd(student_hidden: torch.Tensor, student_weight: torch.
     backward (activation checkpointing): peak extra memory is one chunk of each model's logits.
     Hidden states (N, H_s), (N, H_t); head weights (V_s, H_s), (V_t, H_t); biases or None -> (N,).
     Gradients flow to the student's hidden states and head only. `vocab`: score ids [0, vocab) (default the
-    smaller head's rows)."""
+    smaller head's rows). The teacher's side may be in another dtype or on another device than the student's."""
     vocab = vocab or min(student_weight.shape[0], teacher_weight.shape[0])
     teacher_hidden = teacher_hidden.detach()
     parts = []

@@ -56,8 +56,9 @@ CHECKS = (check_parallel, check_generation, check_sync, check_rewards, check_mul
 # Bases from the last stage to the first: dataclasses collect fields from the end of the MRO, so the fields come
 # in pipeline order after TrainingArguments' own (PrecisionFields' bf16 replaces the Trainer's, in its place).
 @dataclass
-class VerlConfig(EvaluationFields, CriticFields, DistillFields, KLFields, AlgorithmFields, SafetyFields, MultiTurnFields,
-                 RewardFields, AsyncFields, SyncFields, GenerationFields, PrecisionFields, TrainingArguments):
+class VerlConfig(EvaluationFields, CriticFields, DistillFields, KLFields, AlgorithmFields, SafetyFields,
+                 MultiTurnFields, RewardFields, AsyncFields, SyncFields, GenerationFields, PrecisionFields,
+                 TrainingArguments):
     def __post_init__(self):
         # Rollout rows are raw dataset rows (reward functions read their columns): never drop columns.
         self.remove_unused_columns = False

@@ -52,13 +52,19 @@ def output_head(model) -> torch.nn.Linear | None:
     return None
 
 
-def _why_full_logits(config, head) -> str | None:
+def logits_postprocessing(config) -> str | None:
+    """The config attribute under which the model's forward changes the logits after its LM head, or None."""
     configs = [config]
     if config is not None and hasattr(config, "get_text_config"):
         configs.append(config.get_text_config(decoder=True))
     post = [name for c in configs for name in LOGIT_POSTPROCESSING if getattr(c, name, None) not in (None, 1, 1.0)]
+    return post[0] if post else None
+
+
+def _why_full_logits(config, head) -> str | None:
+    post = logits_postprocessing(config)
     if post:
-        return f"its forward changes the logits after the head ({post[0]})"
+        return f"its forward changes the logits after the head ({post})"
     if _unwrapped_class(head) is not torch.nn.Linear:
         return f"its head is a {type(head).__name__}, not a plain nn.Linear (e.g. LoRA on lm_head)"
     if "forward" in head.__dict__ or hasattr(head, "_hf_hook"):
@@ -194,6 +200,9 @@ def response_hidden_states(model, batch) -> torch.Tensor:
               logits_to_keep=batch.response_ids.shape[1] + 1)
     finally:
         del head.forward
+    if len(captured) != 1:
+        raise ValueError(f"{type(model).__name__} called its LM head module {len(captured)} times in one forward: its "
+                         f"hidden states cannot stand in for its logits.")
     return captured[0][:, :-1]
 
 

@@ -74,7 +74,7 @@ class TeacherPolicy(Role):
         def divergence(hidden, weight, bias):
             batch, positions, _ = hidden.shape
             values = chunked_generalized_jsd(hidden.reshape(batch * positions, -1), weight, bias,
-                                             teacher_hidden.reshape(batch * positions, -1).to(hidden),
+                                             teacher_hidden.reshape(batch * positions, -1),
                                              head.weight, head.bias, beta, self.temperature, rows, self.vocab_size)
             return values.view(batch, positions)
 
