@@ -6,7 +6,13 @@ import math
 import pytest
 import torch
 
-from verl_hf.algorithms.distill import chunked_generalized_jsd, generalized_jsd, reverse_kl_advantages
+from verl_hf.algorithms.distill import (
+    chunked_generalized_jsd,
+    chunked_topk_forward_kl,
+    generalized_jsd,
+    reverse_kl_advantages,
+    topk_forward_kl,
+)
 
 
 def test_reverse_kl_advantage_is_the_teacher_student_gap_on_response_tokens():
@@ -62,3 +68,33 @@ def test_a_head_padded_with_trailing_rows_is_scored_on_the_shared_range():
     padded = torch.cat([teacher_weight, torch.randn(3, 4)])  # 13 rows: 3 of padding
     same = chunked_generalized_jsd(hidden, weight, None, teacher_hidden, teacher_weight, None, 0.5)
     assert torch.allclose(chunked_generalized_jsd(hidden, weight, None, teacher_hidden, padded, None, 0.5), same)
+
+
+def test_topk_forward_kl_sums_the_teachers_top_k_terms_only():
+    p_s = [0.5, 0.3, 0.2]
+    # the teacher's top-2 of [0.1, 0.6, 0.3]: ids 1 and 2, its mass not renormalised (verl's convention);
+    # the second row has one entry only (-inf marks the missing one)
+    ids = torch.tensor([[1, 2], [0, 0]])
+    teacher = torch.tensor([[math.log(0.6), math.log(0.3)], [math.log(0.1), -math.inf]])
+    value = topk_forward_kl(torch.tensor([p_s, p_s]).log(), ids, teacher)
+    expected = [0.6 * math.log(0.6 / 0.3) + 0.3 * math.log(0.3 / 0.2), 0.1 * math.log(0.1 / 0.5)]
+    assert value.tolist() == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize("tied, temperature", [(True, 1.0), (False, 0.7)])
+def test_chunked_topk_forward_kl_equals_the_full_logits_formula_in_value_and_gradient(tied, temperature):
+    torch.manual_seed(0)
+    n, h, v, k = 13, 8, 50, 5
+    hidden = torch.randn(n, h, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(v, h, dtype=torch.float64, requires_grad=True)
+    bias = None if tied else torch.randn(v, dtype=torch.float64, requires_grad=True)
+    teacher, ids = torch.log_softmax(torch.randn(n, v, dtype=torch.float64), -1).topk(k, -1)
+    teacher[3, 2:] = -math.inf  # a position with fewer entries
+    full = topk_forward_kl(hidden @ weight.t() + (0 if bias is None else bias), ids, teacher, temperature)
+    params = [hidden, weight] + ([] if bias is None else [bias])
+    grads = torch.autograd.grad(full.sum(), params)
+    chunked = chunked_topk_forward_kl(hidden, weight, bias, ids, teacher, temperature, chunk_size=4)
+    assert torch.isfinite(chunked).all() and (chunked > 0).any()
+    assert torch.allclose(chunked.double(), full.double(), atol=1e-5)
+    for got, want in zip(torch.autograd.grad(chunked.sum(), params), grads):
+        assert torch.isfinite(got).all() and torch.allclose(got, want, atol=1e-5)

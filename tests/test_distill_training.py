@@ -119,6 +119,16 @@ def test_without_a_reward_the_teacher_is_the_only_signal(tmp_path, addition):
      "dynamic_sampling=True with a distillation teacher: it drops prompt groups"),
     (dict(teacher_model_path=WARM_START, cost_funcs=["examples/safe_rlhf/task.py:forbidden_digit"], cost_limit=0.05),
      {}, ValueError, "a distillation teacher with Safe-RLHF"),
+    (dict(teacher_model_path=WARM_START, distill_loss="topk_forward_kl"), {}, ValueError,
+     r"distill_loss='topk_forward_kl' is for a teacher served by vLLM \(teacher_server_url\).* gkd_beta=0"),
+    (dict(teacher_model_path=WARM_START, distill_loss="gkd", teacher_server_url="http://127.0.0.1:9"), {}, ValueError,
+     r"distill_loss='gkd' reads the teacher's hidden states .* a served teacher"),
+    (dict(teacher_model_path=WARM_START, teacher_server_url="http://127.0.0.1:9", temperature=0.7), {}, ValueError,
+     r"temperature=0.7 must be 1.0 with a served teacher"),
+    (dict(teacher_server_url="http://127.0.0.1:9"), {}, ValueError,
+     r"teacher_server_url='http://127.0.0.1:9' takes effect only when a teacher is given"),
+    (dict(teacher_model_path=WARM_START, teacher_server_url="http://127.0.0.1:9"), {}, ConnectionError,
+     r"No vLLM server answers at teacher_server_url=http://127.0.0.1:9"),
 ])
 def test_bad_distillation_inputs_are_refused_before_a_model_loads(tmp_path, addition, fields, given, error, message):
     from verl_hf import VerlTrainer

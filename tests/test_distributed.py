@@ -2,6 +2,7 @@
 (gloo). Every run samples from an HF inference copy fed by the weight sync with `sync_verify`: after each sync
 the engine's weights are compared bitwise with the gathered training weights, and any difference fails the run."""
 
+import importlib.util
 import json
 import math
 import os
@@ -131,14 +132,15 @@ def test_ddp_zero2_zero3_lora_train_sync_and_agree(tmp_path):
         assert abs(runs[mode][0]["accuracy_after"] - ddp["accuracy_after"]) <= 0.02, mode
 
 
-def assert_same_first_step(tmp_path, launcher: list[str]) -> None:
+def assert_same_first_step(tmp_path, launcher: list[str], flags: tuple[str, ...] = ()) -> tuple[dict, dict]:
     """The same 64-completion round on one process, or split over two processes under `launcher` (32 each),
-    gives the same first-step loss and the same updated weights. Per-prompt seeds make the samples identical;
-    what remains is float summation order (batch shapes, all-reduce), hence the tolerances."""
+    gives the same first-step loss and the same updated weights (returns both runs' first logs). Per-prompt seeds
+    make the samples identical; what remains is float summation order (batch shapes, all-reduce), hence the
+    tolerances."""
     from safetensors.torch import load_file
 
     common = ["--max_steps", "1", "--eval_strategy", "no", "--learning_rate", "0.1", "--optim", "sgd",
-              "--rollout_seed_per_prompt", "true"]
+              "--rollout_seed_per_prompt", "true", *flags]
     _run(tmp_path, [], tmp_path / "one", [*common, "--per_device_train_batch_size", "64"], {"RANK": "0"})
     _run(tmp_path, launcher, tmp_path / "two", [*common, "--per_device_train_batch_size", "32", "--use_cpu", "false"])
     logs = {run: next(h for h in json.loads((tmp_path / run / "log_history.json").read_text()) if "loss" in h)
@@ -152,11 +154,22 @@ def assert_same_first_step(tmp_path, launcher: list[str]) -> None:
         moved = (one[name] - start[name]).abs().max().item()
         assert (one[name] - two[name]).abs().max().item() <= 1e-6 + 1e-4 * moved, name
         assert moved > 0, name
+    return logs["one"], logs["two"]
 
 
 def test_one_process_and_two_zero3_processes_take_the_same_first_step(tmp_path):
-    """Invariance: the same round on one process, or split over two ZeRO-3 processes, takes the same step."""
-    assert_same_first_step(tmp_path, _two_processes(MODES["zero3"]))
+    """Invariance: the same round on one process, or split over two ZeRO-3 processes, takes the same step. The
+    run distils from a teacher, partitioned over the two processes (a DeepSpeed inference engine, like the KL
+    reference): its per-token KL to the student is the same too (tests/test_fsdp2.py checks the plain run)."""
+    spec = importlib.util.spec_from_file_location("custom_loop_distill", REPO / "examples/custom_loop_distill.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    teacher = example.drifted_student(str(tmp_path / "teacher"), noise=0.5)  # any model other than the student
+    one, two = assert_same_first_step(tmp_path, _two_processes(MODES["zero3"]), flags=("--teacher_model_path", teacher))
+    # the loss (which carries the teacher's log-probs in its advantages) matched within 1e-6 above; the logged KL is a
+    # per-token mean pooled over the processes' halves, which hold different token counts: close, not equal
+    assert two["distill/reverse_kl"] == pytest.approx(one["distill/reverse_kl"], rel=1e-2)
+    assert one["distill/reverse_kl"] > 0.02, one  # the teacher scored the samples, and differs
 
 
 def _critic_log(out: Path) -> list[tuple[int, float, float]]:

@@ -39,6 +39,9 @@ class RolloutBatch:
     old_logprobs: torch.Tensor | None = None  # (B, Lr) actor before the update; None = on-policy (use detached)
     ref_logprobs: torch.Tensor | None = None  # (B, Lr)
     teacher_logprobs: torch.Tensor | None = None  # (B, Lr) distillation: the teacher's, of the sampled tokens
+    # distill_loss='topk_forward_kl': a served teacher's top-k ids and log-probs at each response position
+    teacher_topk_ids: torch.Tensor | None = None  # (B, Lr, k) long
+    teacher_topk_logprobs: torch.Tensor | None = None  # (B, Lr, k), -inf where there is no entry
     values: torch.Tensor | None = None  # (B, Lr) critic values at rollout time (PPO)
     reward_baselines: torch.Tensor | None = None  # (B,) ReMax: reward of the prompt's greedy response
     rewards: torch.Tensor | None = None  # (B,) weighted sum over reward functions
@@ -136,12 +139,12 @@ class RolloutBatch:
 
 # Fields shaped (B, Lr, ...): padded on the right when batches are joined; (B, Lp, ...): on the left.
 TOKEN_FIELDS = ("response_ids", "response_mask", "rollout_logprobs", "rollout_versions", "old_logprobs",
-                "ref_logprobs", "teacher_logprobs", "values",
+                "ref_logprobs", "teacher_logprobs", "teacher_topk_ids", "teacher_topk_logprobs", "values",
                 "token_level_rewards", "advantages", "returns", "cost_values", "cost_returns", "response_routes",
                 "env_mask", "turn_rewards")
 PROMPT_FIELDS = ("prompt_ids", "prompt_mask", "prompt_routes")
-# What joined batches are padded with, where it is not 0 (pad ids; routes: -1, route live).
-PAD_VALUES = {"response_routes": -1, "prompt_routes": -1}
+# What joined batches are padded with, where it is not 0 (pad ids; routes: -1, route live; top-k: no entry).
+PAD_VALUES = {"response_routes": -1, "prompt_routes": -1, "teacher_topk_logprobs": -float("inf")}
 
 
 def row_columns(rows: list[dict], num_return_sequences: int) -> dict[str, list]:

@@ -76,8 +76,10 @@ def _teacher_info(trainer) -> dict | None:
     teacher = getattr(trainer, "teacher", None)
     if teacher is None:
         return None
-    name = getattr(teacher.model.config, "_name_or_path", None) or None
-    return {"name": name, "loss": trainer.args.distill_loss or "reverse_kl", "coef": trainer.args.distill_coef}
+    model = getattr(teacher, "model", None)  # a ServedTeacher has none: its name is the path it was given
+    name = getattr(teacher, "name", None) or getattr(getattr(model, "config", None), "_name_or_path", None) or None
+    served = {"served_at": teacher.url} if hasattr(teacher, "url") else {}
+    return {"name": name, **served, "loss": trainer.args.distill_loss or "reverse_kl", "coef": trainer.args.distill_coef}
 
 
 def _dataset_label(trainer, dataset) -> dict | None:
@@ -146,10 +148,12 @@ def model_card(info: dict, repo_id: str) -> str:
     if info.get("teacher"):
         teacher = info["teacher"]
         name = teacher["name"] or "(a model given in memory)"
-        signal = "GKD divergence" if teacher["loss"] == "gkd" else "KL(student || teacher)"
+        name += f" (served by vLLM at {teacher['served_at']})" if teacher.get("served_at") else ""
+        signal = {"gkd": "GKD divergence", "topk_forward_kl": "top-k forward KL"}.get(teacher["loss"],
+                                                                                    "KL(student || teacher)")
         lines += ["", "## Distillation", "", f"On-policy distillation from the teacher {name}: loss {teacher['loss']}, "
                   f"weight {teacher['coef']:g}; last training {signal} per token "
-                  f"{_fmt(metrics.get('distill/gkd' if teacher['loss'] == 'gkd' else 'distill/reverse_kl'))}; "
+                  f"{_fmt(metrics.get('distill/' + teacher['loss']))}; "
                   f"held-out KL(student || teacher) per token {_fmt(metrics.get('eval_distill_kl'))}."]
     lines += ["", "## How to load", "", "```python", *_load_snippet(info, repo_id), "```", "",
               "The whole configuration, the reward functions and the library versions are in `verl_config.json`.", ""]

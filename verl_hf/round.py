@@ -235,10 +235,15 @@ class RoundBuilder:
 
     def add_teacher_logprobs(self, batch: RolloutBatch) -> RolloutBatch:
         """On-policy distillation: the teacher's log-probs of every sampled token (the update turns them into
-        the reverse-KL advantage against the student's, update.PolicyUpdate.distilled_advantages). GKD reads the
-        teacher's whole distributions in the update instead."""
-        if self.teacher is not None and self.settings.distill_loss != "gkd":
-            with self.metrics.timer("teacher_logprobs"), self.precision():
+        the reverse-KL advantage against the student's, update.PolicyUpdate.distilled_advantages), and a served
+        teacher's top-k at every position (distill_loss='topk_forward_kl'). GKD reads the teacher's whole
+        distributions in the update instead."""
+        if self.teacher is None or self.settings.distill_loss == "gkd":
+            return batch
+        with self.metrics.timer("teacher_logprobs"), self.precision():
+            if self.settings.distill_loss == "topk_forward_kl":
+                batch.teacher_logprobs, batch.teacher_topk_ids, batch.teacher_topk_logprobs = self.teacher.score(batch)
+            else:
                 batch.teacher_logprobs = self.teacher.get_logprobs(batch, self.settings.per_device_train_batch_size)
         return batch
 

@@ -10,6 +10,7 @@ See it work: tests/test_distill_training.py.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
@@ -17,14 +18,17 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from .roles import TeacherPolicy
+from .roles.served_teacher import ServedTeacher
 from .roles.scoring import logits_postprocessing, output_head
 from .vocabulary import shared_vocabulary
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class TeacherSource:
-    """The teacher as given (an id or path, a model, or a TeacherPolicy), its tokenizer, and the ids [0,
-    vocab_size) on which it scores the student's tokens."""
+    """The teacher as given (an id or path, a model, or a TeacherPolicy; or the ServedTeacher answering at
+    teacher_server_url), its tokenizer, and the ids [0, vocab_size) on which it scores the student's tokens."""
     given: object
     tokenizer: object
     vocab_size: int
@@ -58,7 +62,22 @@ def check_teacher(teacher, args, tokenizer, student) -> TeacherSource | None:
     shared = shared_vocabulary(tokenizer, teacher_tokenizer, student_rows, teacher_rows, teacher_name=f"teacher {name}")
     if isinstance(teacher, TeacherPolicy):
         _check_given_role(teacher, args, shared)
+    if args.teacher_server_url:  # asked now, before any model loads: the server answers with the teacher
+        teacher = _served(teacher, args, shared, teacher_rows)
     return TeacherSource(teacher, teacher_tokenizer, shared)
+
+
+def _served(teacher, args, shared: int, teacher_rows: int) -> ServedTeacher:
+    if not isinstance(teacher, str):
+        raise ValueError(f"teacher_server_url={args.teacher_server_url!r} serves the teacher, so it is named by its id "
+                         f"or path (teacher_model_path, or teacher= as a string), not given as a "
+                         f"{type(teacher).__name__}.")
+    if teacher_rows > shared:
+        logger.warning("the served teacher %s has %d rows and shares %d with the student: vLLM normalises its "
+                       "log-probs over all of them (the padding rows' share, if any, stays in), and top-k ids beyond "
+                       "%d are dropped", teacher, teacher_rows, shared, shared)
+    topk = args.distill_topk if args.distill_loss == "topk_forward_kl" else 0
+    return ServedTeacher(args.teacher_server_url, teacher, shared, topk)
 
 
 def _refuse_settings_with_a_teacher(args) -> None:
@@ -101,6 +120,8 @@ def make_teacher(placement, source: TeacherSource | None, args, student) -> Teac
     TeacherPolicy is used as it is, placed by its owner); for GKD both heads checked to be computable in chunks."""
     if source is None:
         return None
+    if isinstance(source.given, ServedTeacher):
+        return source.given
     role = _placed_teacher(placement, source, args)
     if args.distill_loss == "gkd":
         for who, model in (("student", student), ("teacher", role.model)):
@@ -145,3 +166,14 @@ def _tokenizer_of(model):
         raise ValueError("the teacher model has no path to load its tokenizer from (needed to check it shares the "
                          "student's vocabulary); pass teacher=TeacherPolicy(model, tokenizer=...).")
     return AutoTokenizer.from_pretrained(path)
+
+
+def distill_divergence(teacher, batch, args):
+    """The per-token divergence the student's forward computes against the teacher (`scored_responses(divergence=
+    ...)`): GKD's against the teacher's forward run now, the top-k forward KL against the served teacher's top-k
+    scored into the round; None for the reverse-KL advantage (or without a teacher)."""
+    if args.distill_loss == "gkd":
+        return teacher.divergence_against(batch, args.gkd_beta)
+    if args.distill_loss == "topk_forward_kl":
+        return teacher.topk_divergence(batch, args.logits_chunk_size)
+    return None

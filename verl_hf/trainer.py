@@ -31,7 +31,7 @@ from .distributed import (actor_already_prepared, close_process_group_at_exit, i
 from .evaluation import as_eval_prompts, evaluate_rewards
 from .nonfinite import NonFiniteGuard, check_finite_loss, check_finite_weights
 from .placement import Placement
-from .roles import Actor, EngineWeightsChanged
+from .roles import Actor, EngineWeightsChanged, TeacherPolicy
 from .roles.dropout import original_rates_restored
 from .roles.scoring import output_head
 from .rollout import make_rollout_engine
@@ -41,7 +41,7 @@ from .safety import NoConstraint
 from .sample_and_score import RewardSettings, RewardStage
 from .state import KLMeter, MetricBuffer, RoundInProgress, token_weighted
 from .sync import WeightSync
-from .teacher_setup import check_teacher, make_teacher
+from .teacher_setup import check_teacher, distill_divergence, make_teacher
 from .update import PolicyUpdate, UpdateSettings, entropy_needed
 
 
@@ -249,13 +249,13 @@ class VerlTrainer(Trainer):
                               entropy_grad=self.args.entropy_coef > 0)
         with self.actor.replaying(mb):  # MoE routing replay, backward included (gradient checkpointing)
             with self.compute_loss_context_manager():
-                if self.args.distill_loss == "gkd":  # the teacher's forward, then the student's with the divergence
-                    divergence = self.teacher.divergence_against(mb, self.args.gkd_beta)
-                    logprobs, entropy, gkd = self.actor.compute_logprobs_and_divergence(mb, divergence, model,
-                                                                                        **entropy_kwargs)
+                divergence = distill_divergence(self.teacher, mb, self.args)  # GKD, top-k forward KL: else None
+                if divergence is not None:  # the student's forward computes it through its head, in chunks
+                    logprobs, entropy, divergence = self.actor.compute_logprobs_and_divergence(mb, divergence, model,
+                                                                                               **entropy_kwargs)
                 else:
-                    (logprobs, entropy), gkd = self.actor.compute_logprobs(mb, model=model, **entropy_kwargs), None
-                result = self.policy_update.actor_loss(mb, logprobs, entropy, self.state.global_step, gkd)
+                    logprobs, entropy = self.actor.compute_logprobs(mb, model=model, **entropy_kwargs)
+                result = self.policy_update.actor_loss(mb, logprobs, entropy, self.state.global_step, divergence)
             if self.is_deepspeed_enabled:  # its engine steps inside backward: check before (nonfinite.py)
                 check_finite_loss(result.loss, self._reduce_sum, self.state.global_step + 1)
             self.accelerator.backward(result.loss, **({"scale_wrt_gas": False} if self.is_deepspeed_enabled else {}))
@@ -311,8 +311,8 @@ class VerlTrainer(Trainer):
     def _evaluated_teacher(self):
         """The teacher whose held-out KL to the student evaluation reports (eval_distill_kl): where both models'
         heads are whole on every process and can be read in chunks; None elsewhere (ZeRO-3, FSDP2, Gemma's
-        soft-capped logits, a LoRA head), and without a teacher."""
-        if self.teacher is None or self.placement.shards_weights:
+        soft-capped logits, a LoRA head, a served teacher), and without a teacher."""
+        if not isinstance(self.teacher, TeacherPolicy) or self.placement.shards_weights:  # none, or served
             return None
         heads = output_head(self.accelerator.unwrap_model(self.model)), output_head(self.teacher.model)
         return self.teacher if all(head is not None for head in heads) else None

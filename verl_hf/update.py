@@ -72,7 +72,8 @@ class PolicyUpdate:
     def actor_loss(self, mb, logprobs: torch.Tensor, entropy: torch.Tensor | None,
                    trainer_version: int = 0, divergence: torch.Tensor | None = None) -> ActorLoss:
         """`trainer_version`: the optimizer steps the trained weights have seen (asynchronous training);
-        `divergence` (B, Lr): GKD's per-token divergence from the teacher, with gradients (distill_loss='gkd')."""
+        `divergence` (B, Lr): the per-token divergence from the teacher, with gradients (distill_loss 'gkd' or
+        'topk_forward_kl')."""
         s, mask, norm = self.settings, mb.response_mask.float(), mb.loss_norm
         old = self.proximal_logprobs(mb, logprobs, trainer_version)
         advantages, metrics = self.distilled_advantages(mb, old)
@@ -92,9 +93,9 @@ class PolicyUpdate:
                 kl_observed = (float((kl.detach() * mask).sum()), float(mask.sum()))
         if s.entropy_coef:
             loss = loss - s.entropy_coef * agg_loss(entropy, mask, norm)
-        if divergence is not None:  # GKD: the divergence itself is minimised, aggregated like the policy loss
+        if divergence is not None:  # GKD, top-k forward KL: the divergence itself is minimised, aggregated like the loss
             loss = loss + s.distill_coef * agg_loss(divergence, mask, norm)
-            metrics["distill/gkd"] = masked_mean(divergence.detach(), mask).item()
+            metrics[f"distill/{s.distill_loss}"] = masked_mean(divergence.detach(), mask).item()
         return ActorLoss(loss, metrics, kl_observed)
 
     def proximal_logprobs(self, mb, logprobs: torch.Tensor, trainer_version: int) -> torch.Tensor:
@@ -114,13 +115,15 @@ class PolicyUpdate:
         -distill_coef * (log p_student - log p_teacher), the student's log-probs being the ratio's old ones (the
         policy at the step's start). Added here rather than when the round is planned: with one update per
         round those are the live log-probs, detached, so the signal costs no extra forward pass."""
-        if mb.teacher_logprobs is None or self.settings.distill_loss == "gkd":  # (a round resumed across a change)
+        if mb.teacher_logprobs is None:  # no teacher, or GKD (its teacher scores in the update)
             return mb.advantages, {}
         mask = mb.response_mask.float()
         distill = reverse_kl_advantages(old_logprobs, mb.teacher_logprobs, mask, self.settings.distill_coef)
         # log p_s - log p_t per token on the student's own samples: a one-sample estimate of KL(student || teacher)
-        gap = masked_mean(-distill / self.settings.distill_coef, mask).item()
-        return mb.advantages + distill, {"distill/reverse_kl": gap}
+        gap = {"distill/reverse_kl": masked_mean(-distill / self.settings.distill_coef, mask).item()}
+        if self.settings.distill_loss == "topk_forward_kl":  # its divergence is the signal; the gap is only logged
+            return mb.advantages, gap
+        return mb.advantages + distill, gap
 
     def corrected_advantages(self, mb, advantages: torch.Tensor,
                              old_logprobs: torch.Tensor) -> tuple[torch.Tensor, dict]:

@@ -11,8 +11,11 @@ from typing import Annotated
 
 from .applies import TEACHER, Applies, _help, one_of, raise_first_failed
 
-DISTILL_LOSSES = ("reverse_kl", "gkd")
+DISTILL_LOSSES = ("reverse_kl", "gkd", "topk_forward_kl")
 GKD = Applies("distill_loss='gkd'", lambda c, g: c.distill_loss == "gkd", ("distill_loss",))
+TOPK = Applies("distill_loss='topk_forward_kl'", lambda c, g: c.distill_loss == "topk_forward_kl", ("distill_loss",))
+# the divergences computed through the student's LM head inside its forward, in chunks
+THROUGH_THE_HEAD = ("gkd", "topk_forward_kl")
 
 
 @dataclass
@@ -38,11 +41,30 @@ class DistillFields:
                        "and the teacher's whole next-token distributions at every response position of the student's "
                        "samples (Agarwal et al. 2024), gkd_beta between them, added to the loss times distill_coef "
                        "(token-level, aggregated like the policy loss); computed through both LM heads a chunk of rows "
-                       "at a time, so neither model's logits are held whole."),
+                       "at a time, so neither model's logits are held whole. 'topk_forward_kl' (a served teacher, "
+                       "teacher_server_url): the forward KL on the teacher's distill_topk most likely tokens at every "
+                       "response position, sum p_t * (log p_t - log p_s), added to the loss times distill_coef; as "
+                       "verl's compute_forward_kl_topk, the top-k mass is not renormalised. With a local teacher, "
+                       "'gkd' with gkd_beta=0 is the exact forward KL over the whole vocabulary."),
+    )
+    teacher_server_url: Annotated[str | None, TEACHER] = field(
+        default=None,
+        metadata=_help("The teacher served by vLLM (e.g. http://127.0.0.1:8001) instead of a copy placed beside the "
+                       "student: `verl-hf vllm-serve TEACHER --max-logprobs K` or any `vllm serve TEACHER "
+                       "--max-logprobs K` (no weight transfer needed). The teacher's log-probs are the server's prompt "
+                       "log-probs of the student's samples; teacher_model_path still names the teacher (its tokenizer "
+                       "and config are checked at start-up, its weights never loaded here). vLLM scores prompt tokens "
+                       "at temperature 1, so the run must sample at temperature 1; GKD needs the teacher's hidden "
+                       "states and is refused."),
     )
     distill_coef: Annotated[float, TEACHER] = field(
         default=1.0, metadata=_help("Weight of the distillation signal: of the reverse-KL advantage against the task "
                                     "advantages, or of the GKD loss term."),
+    )
+    distill_topk: Annotated[int, TOPK] = field(
+        default=20, metadata=_help("distill_loss='topk_forward_kl': the teacher's most likely tokens per position the "
+                                   "forward KL is taken over (the server needs --max-logprobs of at least this; "
+                                   "vLLM's default is 20)."),
     )
     gkd_beta: Annotated[float, GKD] = field(
         default=0.5, metadata=_help("GKD's beta: 0 the forward KL(teacher || student), 1 the reverse KL(student || "
@@ -57,11 +79,26 @@ def check_distill(cfg) -> None:
     raise_first_failed(cfg, [
         ("distill_coef", cfg.distill_coef > 0, "must be > 0 (the teacher's pull on the student)"),
         ("gkd_beta", 0.0 <= cfg.gkd_beta <= 1.0, "must be in [0, 1] (0: forward KL, 1: reverse KL, between: the JSD)"),
-        ("distill_loss", cfg.distill_loss != "gkd" or not cfg.training_is_sharded,
-         "is not available under DeepSpeed or FSDP yet (under ZeRO-3 and FSDP2 both heads are sharded, and the "
+        ("distill_topk", cfg.distill_topk >= 1, "must be >= 1 (the teacher's tokens per position)"),
+        ("distill_loss", cfg.distill_loss not in THROUGH_THE_HEAD or not cfg.training_is_sharded,
+         "is not available under DeepSpeed or FSDP yet (under ZeRO-3 and FSDP2 the heads are sharded, and the "
          "chunked divergence reads them whole; ZeRO-1/2 are not tested with it): use one process or DDP, or "
          "distill_loss='reverse_kl'"),
-        ("logits_chunk_size", cfg.distill_loss != "gkd" or cfg.logits_chunk_size != 0,
-         "cannot hold with distill_loss='gkd', which goes through both LM heads in chunks (0 asks for the full "
-         "logits); leave logits_chunk_size at None or set a chunk size"),
+        ("logits_chunk_size", cfg.distill_loss not in THROUGH_THE_HEAD or cfg.logits_chunk_size != 0,
+         f"cannot hold with distill_loss={cfg.distill_loss!r}, which goes through the LM head in chunks (0 asks for "
+         f"the full logits); leave logits_chunk_size at None or set a chunk size"),
+        ("distill_loss", cfg.distill_loss != "topk_forward_kl" or cfg.teacher_server_url,
+         "is for a teacher served by vLLM (teacher_server_url), which gives only its top-k; with a local teacher, "
+         "distill_loss='gkd' with gkd_beta=0 is the exact forward KL over the whole vocabulary"),
+        ("distill_loss", cfg.distill_loss != "gkd" or not cfg.teacher_server_url,
+         "reads the teacher's hidden states through its LM head, which a served teacher (teacher_server_url) does "
+         "not give: use 'topk_forward_kl' or 'reverse_kl' with it, or a local teacher"),
+        ("teacher_server_url", not cfg.teacher_server_url
+         or cfg.teacher_server_url.rstrip("/") != (cfg.vllm_server_url or "").rstrip("/"),
+         "is also vllm_server_url, the server the student samples from: the teacher would be the student. Serve "
+         "the teacher on a server of its own"),
+        ("temperature", not cfg.teacher_server_url or cfg.temperature == 1.0,
+         "must be 1.0 with a served teacher (teacher_server_url): vLLM's prompt log-probs skip the sampling "
+         "processors, so the teacher scores at temperature 1 and the two distributions would not compare; sample at "
+         "temperature 1, or place the teacher locally (drop teacher_server_url)"),
     ])

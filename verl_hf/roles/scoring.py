@@ -88,6 +88,17 @@ def auto_chunk_size(vocab_size: int) -> int:
     return max(16, AUTO_CHUNK_BYTES // (4 * vocab_size))
 
 
+DIVERGENCE_TEMPORARIES = 8  # (rows, V) fp32 tensors a divergence chunk holds at once in backward (measured below)
+
+
+def divergence_chunk_size(vocab_size: int) -> int:
+    """Rows per chunk for a divergence between the student's and a teacher's distributions (GKD, top-k forward
+    KL). Recomputed in backward, a chunk holds both models' logits and log-probs, the mixture and the KL terms at
+    once, about DIVERGENCE_TEMPORARIES times one logits chunk, so its rows are that share of auto_chunk_size's:
+    a GKD step then peaks within 1.3x of a GRPO step of the same shape (benchmarks/distill_memory.py)."""
+    return max(16, auto_chunk_size(vocab_size) // DIVERGENCE_TEMPORARIES)
+
+
 @contextlib.contextmanager
 def head_scores(head: torch.nn.Linear, targets: torch.Tensor, temperature: float, chunk_size: int,
                 with_entropy: bool, vocab: int | None = None, divergence=None):

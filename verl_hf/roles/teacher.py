@@ -23,7 +23,7 @@ from ..algorithms.distill import chunked_generalized_jsd
 from ..batch import RolloutBatch
 from ..distributed import compute_device
 from .base import Role, score_in_chunks
-from .scoring import auto_chunk_size, output_head, response_hidden_states, sequence_logprobs
+from .scoring import divergence_chunk_size, output_head, response_hidden_states, sequence_logprobs
 
 
 class TeacherPolicy(Role):
@@ -69,7 +69,7 @@ class TeacherPolicy(Role):
         head = output_head(self.model)
         # the student scores K = Lr + 1 positions (the last predicts nothing); the teacher's last is not kept
         teacher_hidden = torch.nn.functional.pad(teacher_hidden, (0, 0, 0, 1))
-        rows = self.logits_chunk_size or auto_chunk_size(head.out_features)
+        rows = self.logits_chunk_size or divergence_chunk_size(head.out_features)
 
         def divergence(hidden, weight, bias):
             batch, positions, _ = hidden.shape

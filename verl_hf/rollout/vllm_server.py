@@ -93,25 +93,7 @@ class VLLMServerEngine(RolloutEngine):
 
     # ---------------------------------------------------------------- HTTP
     def _call(self, method: str, route: str, body: dict | None = None):
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + route, data=data, method=method,
-                                         headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                return json.loads(response.read() or b"null")
-        except urllib.error.HTTPError as e:
-            said = e.read().decode(errors="replace")[:800]
-            if e.code == 404 and route.split("?")[0] in ("/server_info", "/start_weight_update"):
-                raise RuntimeError(f"The vLLM server at {self.url} has no {route.split('?')[0]} route: it was started "
-                                   f"without VLLM_SERVER_DEV_MODE=1, which enables the weight-transfer routes; "
-                                   f"{START_HINT}.") from e
-            raise RuntimeError(f"The vLLM server at {self.url} answered {method} {route} with {e.code}: {said}") from e
-        except TimeoutError as e:
-            raise TimeoutError(f"The vLLM server at {self.url} did not answer {method} {route} within "
-                               f"vllm_server_timeout_s={self.timeout_s}; raise it or check the server's log.") from e
-        except (urllib.error.URLError, ConnectionError) as e:
-            raise ConnectionError(f"No vLLM server answers at vllm_server_url={self.url} ({e}); {START_HINT}, "
-                                  f"and wait until GET {self.url}/health answers.") from e
+        return server_call(self.url, method, route, body, self.timeout_s)
 
     # ---------------------------------------------------------------- weights
     def weight_names(self) -> list[str]:
@@ -229,6 +211,29 @@ class VLLMServerEngine(RolloutEngine):
                                        f"without a new token (is it shutting down, or paused by another client?)")
             choices.append(choice)
         return choices
+
+
+def server_call(url: str, method: str, route: str, body: dict | None, timeout_s: float,
+                fields: tuple[str, str] = ("vllm_server_url", "vllm_server_timeout_s")):
+    """The JSON answer of the server at `url` to `method route` with `body`; every failure names the server, what
+    it said, and the setting to change (`fields`: the URL's and the timeout's)."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url + route, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as e:
+        said = e.read().decode(errors="replace")[:800]
+        if e.code == 404 and route.split("?")[0] in ("/server_info", "/start_weight_update"):
+            raise RuntimeError(f"The vLLM server at {url} has no {route.split('?')[0]} route: it was started without "
+                               f"VLLM_SERVER_DEV_MODE=1, which enables the weight-transfer routes; {START_HINT}.") from e
+        raise RuntimeError(f"The vLLM server at {url} answered {method} {route} with {e.code}: {said}") from e
+    except TimeoutError as e:
+        raise TimeoutError(f"The vLLM server at {url} did not answer {method} {route} within {fields[1]}={timeout_s}; "
+                           f"raise it or check the server's log.") from e
+    except (urllib.error.URLError, ConnectionError) as e:
+        raise ConnectionError(f"No vLLM server answers at {fields[0]}={url} ({e}); {START_HINT}, and wait until GET "
+                              f"{url}/health answers.") from e
 
 
 MAX_IDLE_ABORTS = 50  # pauses for weights abort a response once each; this many without progress is not that
