@@ -254,6 +254,9 @@ def test_a_served_teacher_scores_like_the_hf_forward(server):
     assert (full.gather(-1, ids) - top)[mask].abs().max() < 1e-4  # ... at the ids the server named
     with pytest.raises(ValueError, match=r"serves \[.*\], not teacher_model_path='other/teacher'"):
         ServedTeacher(server, "other/teacher", vocab_size=86)
+    with pytest.raises(ValueError, match=r"has max_model_len=128, but scoring .* up to 200 tokens needs 201: restart "
+                                         r"it with --max-model-len 201"):
+        ServedTeacher(server, WARM_START, vocab_size=86, max_length=200)
 
 
 def test_topk_forward_kl_from_a_served_teacher_pulls_a_drifted_student_back(server, tmp_path, addition):

@@ -143,10 +143,11 @@ class RoundInProgress:
 
     def start(self, planned) -> None:
         """The planned round (round.PlannedRound) becomes the one trained. It is kept for callbacks without its
-        MoE routes: only the micro-batches replay them, so the routes (rows x tokens x layers x k) are held, and
-        checkpointed, once."""
+        MoE routes and a served teacher's top-k: only the micro-batches use them, so these (rows x tokens x k)
+        tensors are held, and checkpointed, once."""
         self.micro_batches, self.size = planned.micro_batches, len(planned.batch)
-        self.last_round = replace(planned.batch, prompt_routes=None, response_routes=None)
+        self.last_round = replace(planned.batch, prompt_routes=None, response_routes=None, teacher_topk_ids=None,
+                                  teacher_topk_logprobs=None)
 
     def starts_new(self, micro_steps_per_round: int) -> bool:
         return self.micro_step % micro_steps_per_round == 0 or not self.micro_batches

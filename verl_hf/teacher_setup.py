@@ -20,6 +20,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from .roles import TeacherPolicy
 from .roles.served_teacher import ServedTeacher
 from .roles.scoring import logits_postprocessing, output_head
+from .config.distill import THROUGH_THE_HEAD
 from .vocabulary import shared_vocabulary
 
 logger = logging.getLogger(__name__)
@@ -47,12 +48,14 @@ def check_teacher(teacher, args, tokenizer, student) -> TeacherSource | None:
     teacher = str(teacher) if isinstance(teacher, os.PathLike) else teacher
     name, config, teacher_tokenizer = _teacher_parts(teacher)
     student_config = _student_config(student)
-    if args.distill_loss == "gkd":
-        for who, each in (("student", student_config), (f"teacher {name}", config)):
+    if args.distill_loss in THROUGH_THE_HEAD:  # a served teacher's head is the server's: only the student's here
+        read = [("student", student_config)] + ([] if args.teacher_server_url else [(f"teacher {name}", config)])
+        for who, each in read:
             rescaled = logits_postprocessing(each)
             if rescaled:
-                raise ValueError(f"distill_loss='gkd' reads the {who}'s LM head in chunks, but its forward changes "
-                                 f"the logits after the head ({rescaled}); use distill_loss='reverse_kl'.")
+                raise ValueError(f"distill_loss={args.distill_loss!r} reads the {who}'s LM head in chunks, but its "
+                                 f"forward changes the logits after the head ({rescaled}); use "
+                                 f"distill_loss='reverse_kl'.")
     student_rows, teacher_rows = _rows(student_config), _rows(config)
     if student_rows > teacher_rows:
         raise ValueError(f"the student has {student_rows} embedding rows and the teacher {name} {teacher_rows}: the "
@@ -77,7 +80,8 @@ def _served(teacher, args, shared: int, teacher_rows: int) -> ServedTeacher:
                        "log-probs over all of them (the padding rows' share, if any, stays in), and top-k ids beyond "
                        "%d are dropped", teacher, teacher_rows, shared, shared)
     topk = args.distill_topk if args.distill_loss == "topk_forward_kl" else 0
-    return ServedTeacher(args.teacher_server_url, teacher, shared, topk)
+    return ServedTeacher(args.teacher_server_url, teacher, shared, topk, args.teacher_server_timeout_s,
+                         args.max_prompt_length + args.max_response_length)
 
 
 def _refuse_settings_with_a_teacher(args) -> None:
@@ -120,13 +124,13 @@ def make_teacher(placement, source: TeacherSource | None, args, student) -> Teac
     TeacherPolicy is used as it is, placed by its owner); for GKD both heads checked to be computable in chunks."""
     if source is None:
         return None
-    if isinstance(source.given, ServedTeacher):
-        return source.given
-    role = _placed_teacher(placement, source, args)
-    if args.distill_loss == "gkd":
-        for who, model in (("student", student), ("teacher", role.model)):
+    served = isinstance(source.given, ServedTeacher)
+    role = source.given if served else _placed_teacher(placement, source, args)
+    if args.distill_loss in THROUGH_THE_HEAD:
+        for who, model in [("student", student)] + ([] if served else [("teacher", role.model)]):
             if output_head(model) is None:
-                raise ValueError(f"distill_loss='gkd' reads the {who}'s LM head in chunks, but its logits cannot be "
+                raise ValueError(f"distill_loss={args.distill_loss!r} reads the {who}'s LM head in chunks, but its "
+                                 f"logits cannot be "
                                  f"computed that way (a LoRA-adapted or non-Linear head, or a forward that rescales "
                                  f"the logits: see the log); use distill_loss='reverse_kl'.")
     return role

@@ -115,8 +115,8 @@ class PolicyUpdate:
         -distill_coef * (log p_student - log p_teacher), the student's log-probs being the ratio's old ones (the
         policy at the step's start). Added here rather than when the round is planned: with one update per
         round those are the live log-probs, detached, so the signal costs no extra forward pass."""
-        if mb.teacher_logprobs is None:  # no teacher, or GKD (its teacher scores in the update)
-            return mb.advantages, {}
+        if mb.teacher_logprobs is None or self.settings.distill_loss == "gkd":  # GKD: its teacher scores in the
+            return mb.advantages, {}  # update (a round resumed across a change of loss may still carry these)
         mask = mb.response_mask.float()
         distill = reverse_kl_advantages(old_logprobs, mb.teacher_logprobs, mask, self.settings.distill_coef)
         # log p_s - log p_t per token on the student's own samples: a one-sample estimate of KL(student || teacher)

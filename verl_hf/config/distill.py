@@ -13,6 +13,7 @@ from .applies import TEACHER, Applies, _help, one_of, raise_first_failed
 
 DISTILL_LOSSES = ("reverse_kl", "gkd", "topk_forward_kl")
 GKD = Applies("distill_loss='gkd'", lambda c, g: c.distill_loss == "gkd", ("distill_loss",))
+SERVED = Applies("teacher_server_url is set", lambda c, g: bool(c.teacher_server_url), ("teacher_server_url",))
 TOPK = Applies("distill_loss='topk_forward_kl'", lambda c, g: c.distill_loss == "topk_forward_kl", ("distill_loss",))
 # the divergences computed through the student's LM head inside its forward, in chunks
 THROUGH_THE_HEAD = ("gkd", "topk_forward_kl")
@@ -61,6 +62,10 @@ class DistillFields:
         default=1.0, metadata=_help("Weight of the distillation signal: of the reverse-KL advantage against the task "
                                     "advantages, or of the GKD loss term."),
     )
+    teacher_server_timeout_s: Annotated[float, SERVED] = field(
+        default=600.0, metadata=_help("Seconds one scoring request to the teacher server (teacher_server_url) may "
+                                      "take."),
+    )
     distill_topk: Annotated[int, TOPK] = field(
         default=20, metadata=_help("distill_loss='topk_forward_kl': the teacher's most likely tokens per position the "
                                    "forward KL is taken over (the server needs --max-logprobs of at least this; "
@@ -79,6 +84,7 @@ def check_distill(cfg) -> None:
     raise_first_failed(cfg, [
         ("distill_coef", cfg.distill_coef > 0, "must be > 0 (the teacher's pull on the student)"),
         ("gkd_beta", 0.0 <= cfg.gkd_beta <= 1.0, "must be in [0, 1] (0: forward KL, 1: reverse KL, between: the JSD)"),
+        ("teacher_server_timeout_s", cfg.teacher_server_timeout_s > 0, "must be > 0"),
         ("distill_topk", cfg.distill_topk >= 1, "must be >= 1 (the teacher's tokens per position)"),
         ("distill_loss", cfg.distill_loss not in THROUGH_THE_HEAD or not cfg.training_is_sharded,
          "is not available under DeepSpeed or FSDP yet (under ZeRO-3 and FSDP2 the heads are sharded, and the "

@@ -25,7 +25,7 @@ from ..batch import RolloutBatch
 from ..rollout.vllm_server import server_call
 from .scoring import divergence_chunk_size
 
-FIELDS = ("teacher_server_url", "vllm_server_timeout_s")
+FIELDS = ("teacher_server_url", "teacher_server_timeout_s")
 
 
 class ServedTeacher:
@@ -34,7 +34,9 @@ class ServedTeacher:
 
     temperature = 1.0  # what vLLM's prompt log-probs are at
 
-    def __init__(self, url: str, name: str, vocab_size: int, topk: int = 0, timeout_s: float = 600.0):
+    def __init__(self, url: str, name: str, vocab_size: int, topk: int = 0, timeout_s: float = 600.0,
+                 max_length: int = 0):
+        """`max_length`: the longest prompt + response it will be asked to score (checked against the server's)."""
         self.url, self.vocab_size, self.topk, self.timeout_s = url.rstrip("/"), vocab_size, topk, timeout_s
         models = self._call("GET", "/v1/models")["data"]
         # by the name it serves under or the path it loaded: never score with whatever model happens to answer
@@ -44,6 +46,11 @@ class ServedTeacher:
                              f"teacher_model_path={name!r}: start it on the teacher (`verl-hf vllm-serve {name} "
                              f"--max-logprobs {max(topk, 1)}`), or give the path it serves.")
         self.model_name, self.name = found[0], name
+        served_length = next(m.get("max_model_len") for m in models if m["id"] == found[0])
+        if served_length is not None and served_length < max_length + 1:  # + the one token each request generates
+            raise ValueError(f"the teacher server at {url} has max_model_len={served_length}, but scoring a prompt + "
+                             f"response of up to {max_length} tokens needs {max_length + 1}: restart it with "
+                             f"--max-model-len {max_length + 1}, or shorten max_prompt_length / max_response_length.")
         self._probe()
 
     def _call(self, method: str, route: str, body: dict | None = None):
@@ -75,7 +82,7 @@ class ServedTeacher:
         top-k), one request per row, sent together so the server batches them. Missing top-k entries (ids
         beyond the shared range, fewer than k returned) have log-prob -inf and id 0."""
         rows = [_row_ids(sequences, i) for i in range(sequences.response_ids.shape[0])]
-        with ThreadPoolExecutor(min(64, len(rows))) as pool:
+        with ThreadPoolExecutor(max(1, min(64, len(rows)))) as pool:
             answers = list(pool.map(lambda row: self._scored(row[0] + row[1]), rows))
         shape = tuple(sequences.response_ids.shape)
         logprobs = torch.zeros(shape)
@@ -85,8 +92,9 @@ class ServedTeacher:
             for j, token in enumerate(response):
                 entries = answer[len(prompt) + j]
                 logprobs[i, j] = entries[str(token)]["logprob"]
-                ranked = sorted(((e["rank"], int(t), e["logprob"]) for t, e in entries.items()
-                                 if int(t) < self.vocab_size), key=lambda e: e[0])[:self.topk]
+                # the top-k by rank (vLLM adds the sampled token beyond them); ids past the shared range dropped
+                ranked = sorted((e["rank"], int(t), e["logprob"]) for t, e in entries.items()
+                                if e["rank"] <= self.topk and int(t) < self.vocab_size)
                 for slot, (_, token_id, value) in enumerate(ranked):
                     ids[i, j, slot], top[i, j, slot] = token_id, value
         device = sequences.response_ids.device
@@ -97,6 +105,10 @@ class ServedTeacher:
     def topk_divergence(self, sequences: RolloutBatch, chunk_size: int | None = None):
         """The forward KL on the teacher's top-k (scored into `sequences` by `score`), as the function
         `scored_responses(divergence=...)` calls with the student's hidden states (B, K, H) and head: -> (B, K)."""
+        if sequences.teacher_topk_ids is None:
+            raise RuntimeError("this round carries no top-k from the teacher: it was planned under another "
+                               "distill_loss and resumed with distill_loss='topk_forward_kl'. Resume with the "
+                               "distill_loss it was saved with, or from a checkpoint between rounds.")
         # the student scores K = Lr + 1 positions (the last predicts nothing): no teacher entry there
         ids = torch.nn.functional.pad(sequences.teacher_topk_ids, (0, 0, 0, 1))
         top = torch.nn.functional.pad(sequences.teacher_topk_logprobs, (0, 0, 0, 1), value=-math.inf)
