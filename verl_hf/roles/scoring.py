@@ -99,6 +99,16 @@ def divergence_chunk_size(vocab_size: int) -> int:
     return max(16, auto_chunk_size(vocab_size) // DIVERGENCE_TEMPORARIES)
 
 
+def per_position(row_divergence):
+    """A divergence over rows, row_divergence(hidden (N, H), weight, bias) -> (N,), as `scored_responses(
+    divergence=...)` calls it: hidden (B, K, H) -> (B, K), the rows in (b, k) order (flatten(0, 1))."""
+    def divergence(hidden, weight, bias):
+        batch, positions, _ = hidden.shape
+        return row_divergence(hidden.reshape(batch * positions, -1), weight, bias).view(batch, positions)
+
+    return divergence
+
+
 @contextlib.contextmanager
 def head_scores(head: torch.nn.Linear, targets: torch.Tensor, temperature: float, chunk_size: int,
                 with_entropy: bool, vocab: int | None = None, divergence=None):

@@ -23,7 +23,7 @@ import torch
 from ..algorithms.distill import chunked_topk_forward_kl
 from ..batch import RolloutBatch
 from ..rollout.vllm_server import server_call
-from .scoring import divergence_chunk_size
+from .scoring import divergence_chunk_size, per_position
 
 FIELDS = ("teacher_server_url", "teacher_server_timeout_s")
 
@@ -110,18 +110,11 @@ class ServedTeacher:
                                "distill_loss and resumed with distill_loss='topk_forward_kl'. Resume with the "
                                "distill_loss it was saved with, or from a checkpoint between rounds.")
         # the student scores K = Lr + 1 positions (the last predicts nothing): no teacher entry there
-        ids = torch.nn.functional.pad(sequences.teacher_topk_ids, (0, 0, 0, 1))
-        top = torch.nn.functional.pad(sequences.teacher_topk_logprobs, (0, 0, 0, 1), value=-math.inf)
-
-        def divergence(hidden, weight, bias):
-            batch, positions, _ = hidden.shape
-            values = chunked_topk_forward_kl(hidden.reshape(batch * positions, -1), weight, bias,
-                                             ids.reshape(batch * positions, -1), top.reshape(batch * positions, -1),
-                                             self.temperature, chunk_size or divergence_chunk_size(weight.shape[0]),
-                                             self.vocab_size)
-            return values.view(batch, positions)
-
-        return divergence
+        ids = torch.nn.functional.pad(sequences.teacher_topk_ids, (0, 0, 0, 1)).flatten(0, 1)
+        top = torch.nn.functional.pad(sequences.teacher_topk_logprobs, (0, 0, 0, 1), value=-math.inf).flatten(0, 1)
+        return per_position(lambda hidden, weight, bias: chunked_topk_forward_kl(
+            hidden, weight, bias, ids, top, self.temperature, chunk_size or divergence_chunk_size(weight.shape[0]),
+            self.vocab_size))
 
 
 def _row_ids(sequences: RolloutBatch, row: int) -> tuple[list[int], list[int]]:

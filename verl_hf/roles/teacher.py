@@ -23,7 +23,7 @@ from ..algorithms.distill import chunked_generalized_jsd
 from ..batch import RolloutBatch
 from ..distributed import compute_device
 from .base import Role, score_in_chunks
-from .scoring import divergence_chunk_size, output_head, response_hidden_states, sequence_logprobs
+from .scoring import divergence_chunk_size, output_head, per_position, response_hidden_states, sequence_logprobs
 
 
 class TeacherPolicy(Role):
@@ -68,14 +68,8 @@ class TeacherPolicy(Role):
             self.model.train(was_training)
         head = output_head(self.model)
         # the student scores K = Lr + 1 positions (the last predicts nothing); the teacher's last is not kept
-        teacher_hidden = torch.nn.functional.pad(teacher_hidden, (0, 0, 0, 1))
+        teacher_hidden = torch.nn.functional.pad(teacher_hidden, (0, 0, 0, 1)).flatten(0, 1)
         rows = self.logits_chunk_size or divergence_chunk_size(head.out_features)
-
-        def divergence(hidden, weight, bias):
-            batch, positions, _ = hidden.shape
-            values = chunked_generalized_jsd(hidden.reshape(batch * positions, -1), weight, bias,
-                                             teacher_hidden.reshape(batch * positions, -1),
-                                             head.weight, head.bias, beta, self.temperature, rows, self.vocab_size)
-            return values.view(batch, positions)
-
-        return divergence
+        return per_position(lambda hidden, weight, bias: chunked_generalized_jsd(
+            hidden, weight, bias, teacher_hidden, head.weight, head.bias, beta, self.temperature, rows,
+            self.vocab_size))
