@@ -456,3 +456,27 @@ def test_sixteen_samples_whose_tool_sleeps_finish_a_turn_at_once(tool_model):
     calls = sum(len(s) for s in batch.columns["tool_statuses"])  # a turn that ran to its length calls nothing
     assert len(batch) == 16 and calls >= 12 and all(s in ([], ["ok"]) for s in batch.columns["tool_statuses"])
     assert elapsed < 2.5, (elapsed, calls)  # one after another: 0.5 s per call
+
+
+@pytest.mark.parametrize("distill_loss", ["reverse_kl", "gkd"])
+def test_a_teacher_scores_conversations_with_the_environments_tokens_in_context(tool_model, tmp_path, distill_loss):
+    """On-policy distillation over conversations, the student its own teacher: the teacher reads the whole
+    conversation (the environment's tokens attended, as the student read them), so its log-probs and
+    distributions at the model's tokens are the student's and the signal is 0 to rounding. A teacher that
+    scored without the environment's tokens in context would differ; the environment's tokens themselves are
+    out of the mask (response_mask) every distillation term is taken over."""
+    from datasets import Dataset
+
+    from conftest import small_config
+    from verl_hf import VerlTrainer
+
+    _, _, path = tool_model
+    data = Dataset.from_list([{"prompt": p, "answer": "1"} for p in prompts(8, seed=15)])
+    args = small_config(tmp_path, reward_funcs=None, reward_weights=None, max_steps=1, max_turns=3,
+                        max_response_length=120, max_turn_length=16, per_device_train_batch_size=8,
+                        teacher_model_path=path, distill_loss=distill_loss)
+    trainer = VerlTrainer(model=path, args=args, train_dataset=data, environment=CountingGame)
+    trainer.train()
+    logged = next(h for h in trainer.state.log_history if f"distill/{distill_loss}" in h)
+    assert logged["env_tokens/frac"] > 0.2, logged
+    assert logged[f"distill/{distill_loss}"] == pytest.approx(0.0, abs=1e-5), logged

@@ -108,7 +108,8 @@ def test_demo_task_names_are_checked(capsys):
     from verl_hf.cli import DEMO_TASKS, _demo_config
 
     assert main(["demo", "--task", "tool"]) == 2
-    assert "verl-hf demo --task 'tool': the demos are ['addition', 'tools']" in capsys.readouterr().err
+    assert f"verl-hf demo --task 'tool': the demos are {sorted(DEMO_TASKS)}" in capsys.readouterr().err
+    assert set(DEMO_TASKS) == {"addition", "distill", "tools"}
     for argv, message in [(["--task"], "needs a demo's name"), (["--task", "--seed", "1"], "needs a demo's name"),
                           (["--task", "tools", "--task=addition"], "given more than once")]:
         assert main(["demo", *argv]) == 2 and message in capsys.readouterr().err, argv

@@ -125,6 +125,13 @@ def test_without_a_reward_the_teacher_is_the_only_signal(tmp_path, addition):
      r"distill_loss='gkd' reads the teacher's hidden states .* a served teacher"),
     (dict(teacher_model_path=WARM_START, teacher_server_url="http://127.0.0.1:9", temperature=0.7), {}, ValueError,
      r"temperature=0.7 must be 1.0 with a served teacher"),
+    (dict(teacher_model_path=WARM_START, distill_loss="gkd", gkd_lambda=0.5), {}, ValueError,
+     r"gkd_lambda=0.5 trains some rounds on the dataset's answers, where a task reward.*\(reward_weights=\[0.0, 0.0\]"),
+    (dict(teacher_model_path=WARM_START, distill_loss="gkd", gkd_lambda=0.5, reward_weights=[0.0, 0.0]), {},
+     ValueError, r"its 'completion' column, which it lacks \(columns: \['prompt', 'answer'"),
+    (dict(teacher_model_path=WARM_START, distill_loss="gkd", gkd_lambda=0.5, reward_funcs=None,
+          reward_weights=None), {"tools": [lambda x: x]},
+     ValueError, r"gkd_lambda=0.5 takes effect only when distill_loss='gkd' on one-turn rollouts"),
     (dict(teacher_server_url="http://127.0.0.1:9"), {}, ValueError,
      r"teacher_server_url='http://127.0.0.1:9' takes effect only when a teacher is given"),
     (dict(teacher_model_path=WARM_START, teacher_server_url="http://127.0.0.1:9"), {}, ConnectionError,
@@ -193,6 +200,12 @@ def test_a_teacher_with_another_tokenizer_is_refused_naming_the_token(tmp_path, 
     (dict(gkd_beta=0.3), r"gkd_beta=0.3 takes effect only when distill_loss='gkd'"),
     (dict(distill_loss="jsd"), r"distill_loss='jsd' is unknown; valid: gkd, reverse_kl"),
     (dict(distill_loss="gkd", logits_chunk_size=0), r"logits_chunk_size=0 cannot hold with distill_loss='gkd'"),
+    (dict(distill_loss="gkd", gkd_lambda=1.5), r"gkd_lambda=1.5 must be in \[0, 1\]"),
+    (dict(gkd_lambda=0.5), r"gkd_lambda=0.5 takes effect only when distill_loss='gkd' on one-turn rollouts"),
+    (dict(distill_loss="gkd", gkd_lambda=0.5, rollout_is="token"),
+     r"gkd_lambda=0.5 cannot hold with rollout_is='token': no engine sampled the dataset's answers"),
+    (dict(distill_loss="gkd", gkd_lambda=0.5, adv_estimator="gae"),
+     r"gkd_lambda=0.5 cannot hold with adv_estimator='gae'"),
 ])
 def test_distillation_settings_are_checked_when_the_config_is_built(tmp_path, fields, message):
     with pytest.raises(ValueError, match=message):
@@ -261,3 +274,27 @@ def test_gkd_pulls_a_drifted_student_back_to_its_teacher(tmp_path, addition):
     jsd = [h["distill/gkd"] for h in trainer.state.log_history if "distill/gkd" in h]
     assert len(jsd) == 20 and "distill/reverse_kl" not in trainer.state.log_history[0]
     assert sum(jsd[-5:]) / 5 < 0.6 * sum(jsd[:5]) / 5, jsd
+
+
+def test_gkd_lambda_trains_the_drawn_rounds_on_the_datasets_answers(tmp_path):
+    """gkd_lambda=0.5 on the demo task with its answers ('completion', '#### <sum>'): the rounds the draw gives
+    the dataset take its answers (every response is an answer and its EOS; the sampled rounds' responses vary),
+    the others the student's samples; GKD's divergence is trained on both."""
+    from verl_hf import VerlTrainer
+    from verl_hf.dataset_answers import samples_on_policy
+    from verl_hf.demo.task import demo_splits
+
+    train, _, _ = demo_splits(seed=0, num_train=200, num_test=10, num_dev=10)
+    args = small_config(tmp_path, max_steps=6, reward_funcs=None, reward_weights=None, teacher_model_path=WARM_START,
+                        distill_loss="gkd", gkd_lambda=0.5)
+    trainer = VerlTrainer(model=_noisy_student(tmp_path / "student"), args=args, train_dataset=train)
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "distill/gkd" in h]
+    drawn = [0.0 if samples_on_policy(0.5, 0, step) else 1.0 for step in range(6)]
+    assert [h["rollout/dataset_answers"] for h in logged] == drawn and 0.0 in drawn and 1.0 in drawn, logged
+    tokenizer = AutoTokenizer.from_pretrained(WARM_START)
+    lengths = {len(tokenizer(a, add_special_tokens=False)["input_ids"]) + 1 for a in train["completion"]}
+    for h, from_dataset in zip(logged, drawn):
+        assert h["distill/gkd"] > 0 and h["grad_norm"] > 0
+        if from_dataset:
+            assert min(lengths) <= h["response_length/mean"] <= max(lengths) and not h["response_length/truncated_frac"]

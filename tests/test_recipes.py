@@ -99,6 +99,45 @@ def test_gsm8k_recipe_trains_on_the_stand_in(recipe, gsm8k_prompts, tiny_qwen2, 
     assert summary["steps"] == 2 and 0 <= summary["accuracy_after"] <= 1, summary
 
 
+def save_random(model_class, config_class, tokenizer_path: str, directory, seed: int, **sizes) -> str:
+    """A model of `model_class` with random weights (`seed`) and the tokenizer at `tokenizer_path`, saved."""
+    import torch
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    torch.manual_seed(seed)
+    model = model_class(config_class(vocab_size=len(tokenizer), head_dim=64, pad_token_id=tokenizer.pad_token_id,
+                                     **sizes))
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return str(directory)
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen2_teacher(tmp_path_factory, tiny_qwen2):
+    """A larger Qwen2 (as Qwen2.5-1.5B-Instruct is to the 0.5B student) with the student's tokenizer, random."""
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    return save_random(Qwen2ForCausalLM, Qwen2Config, tiny_qwen2, tmp_path_factory.mktemp("teacher"), seed=2,
+                       hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4,
+                       num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True,
+                       eos_token_id=AutoTokenizer.from_pretrained(tiny_qwen2).eos_token_id)
+
+
+@pytest.mark.parametrize("recipe", ["reverse_kl", "gkd"])
+def test_distill_recipe_trains_on_the_stand_in(recipe, gsm8k_prompts, tiny_qwen2, tiny_qwen2_teacher, tmp_path):
+    """The GSM8K prompts of ../gsm8k/prepare.py, a tiny Qwen2 student, a larger tiny Qwen2 teacher: the
+    distillation signal is logged every step and evaluation reports the held-out student-teacher KL."""
+    summary = train(f"distill/{recipe}", ["--model_name_or_path", tiny_qwen2, "--dataset_name", gsm8k_prompts,
+                                          "--teacher_model_path", tiny_qwen2_teacher], tmp_path)
+    assert summary["steps"] == 2, summary
+    logged = [h for h in summary["history"] if "reward/mean" in h]
+    # the sampled tokens' log-ratio (reverse_kl) may fall either side of 0 on two steps; GKD's divergence is >= 0
+    assert len(logged) == 2 and all(h[f"distill/{recipe}"] != 0 for h in logged), logged
+    assert recipe != "gkd" or all(h["distill/gkd"] > 0 for h in logged), logged
+    assert any(h.get("eval_distill_kl", 0) > 0 for h in summary["history"]), summary["history"]
+
+
 @pytest.fixture(scope="module")
 def hh_prompts(tmp_path_factory):
     return prepare("hh_rlhf", {"train": hh_like(32, 0), "test": hh_like(8, 1)}, tmp_path_factory,
@@ -108,18 +147,11 @@ def hh_prompts(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny_reward_model(tmp_path_factory, tiny_qwen2):
     """A Qwen3 sequence-classification model (the architecture of Skywork-Reward-V2-Qwen3-0.6B), random."""
-    import torch
-    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForSequenceClassification
+    from transformers import Qwen3Config, Qwen3ForSequenceClassification
 
-    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen2)
-    torch.manual_seed(1)
-    model = Qwen3ForSequenceClassification(Qwen3Config(
-        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=64, num_labels=1, pad_token_id=tokenizer.pad_token_id))
-    path = tmp_path_factory.mktemp("reward_model")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
+    return save_random(Qwen3ForSequenceClassification, Qwen3Config, tiny_qwen2, tmp_path_factory.mktemp("reward_model"),
+                       seed=1, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+                       num_key_value_heads=1, num_labels=1)
 
 
 def test_hh_rlhf_prepare_splits_the_turns(hh_prompts):

@@ -140,6 +140,10 @@ def prepare_datasets(train_dataset, eval_dataset, tokenizer, args, multi_turn=No
         return prepare_prompts(ds, tokenizer, args.data_key_map, args.max_prompt_length, split, **extra)
 
     train = prepare(train_dataset, "train") if train_dataset is not None else None
+    if args.gkd_lambda < 1.0:
+        from .dataset_answers import check_answer_column
+
+        check_answer_column(train)
     if isinstance(eval_dataset, dict):
         return train, {k: prepare(v, f"eval[{k}]") for k, v in eval_dataset.items()}
     return train, prepare(eval_dataset, "eval") if eval_dataset is not None else None

@@ -22,6 +22,7 @@ import torch
 from .algorithms import LossNorm, advantage_spec, group_all_equal, group_stats, kl_penalty, masked_mean
 from .algorithms import place_outcome_rewards
 from .batch import RolloutBatch, concat_batches
+from .dataset_answers import dataset_answers, samples_on_policy
 from .distributed import is_sharded
 from .sample_and_score import RewardStage, SamplingSettings, generate, sampling_kwargs, with_turn_rewards
 from .settings import Settings
@@ -56,6 +57,7 @@ class RoundSettings(Settings):
     use_kl_in_reward: bool
     kl_kind: str
     distill_loss: str | None
+    gkd_lambda: float
     loss_agg_mode: str
     seq_mean_count_empty_rows: bool
     max_response_length: int
@@ -113,9 +115,17 @@ class RoundBuilder:
         stream, seeds = (self.seeds if seeds is None else seeds), None
         if self.settings.rollout_seed_per_prompt:
             seeds = stream.for_rows(self.settings.seed, step, len(rows), self.settings.process_index * len(rows))
+        s = self.settings
+        on_policy = samples_on_policy(s.gkd_lambda, s.seed, step)
         with metrics.timer("rollout") as clock:
-            batch, turn_metrics = generate(self.actor, rows, self.multi_turn, row_seeds=seeds,
-                                           **sampling_kwargs(self.settings.sampling, train=True))
+            if on_policy:
+                batch, turn_metrics = generate(self.actor, rows, self.multi_turn, row_seeds=seeds,
+                                               **sampling_kwargs(s.sampling, train=True))
+            else:  # GKD's dataset share (gkd_lambda < 1): the dataset's answers instead of the student's samples
+                batch = dataset_answers(rows, self.actor.tokenizer, s.sampling.num_generations, s.max_response_length)
+                turn_metrics = {}
+        if s.gkd_lambda < 1.0:
+            turn_metrics = {**turn_metrics, "rollout/dataset_answers": float(not on_policy)}
         metrics.record(turn_metrics)
         lengths = batch.response_mask.sum(dim=1).float()
         metrics.record({

@@ -114,6 +114,11 @@ def resolve_rewards(args: VerlConfig, reward_funcs, reward_model, environment=No
                          "(or environment= whose step() returns rewards, or a teacher to distill from).")
     check_reward_weights(args.reward_weights, [s if isinstance(s, str) else getattr(s, "__name__", type(s).__name__)
                                                for s in given] + ["reward_model"] * len(models))
+    if args.gkd_lambda < 1.0 and any(w != 0 for w in args.reward_weights or [1.0]):
+        raise ValueError(f"gkd_lambda={args.gkd_lambda} trains some rounds on the dataset's answers, where a task "
+                         f"reward's policy gradient would credit answers the student did not sample: weigh every "
+                         f"reward 0 (reward_weights={[0.0] * (len(given) + len(models))}; they are still logged) "
+                         f"or set gkd_lambda=1.")
     if reward_model is not None:
         given.append(as_reward_model(reward_model))
     given += [load_score_model(path, args.reward_model_label_index) for path in args.reward_model_path or []]

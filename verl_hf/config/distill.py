@@ -9,12 +9,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from .applies import TEACHER, Applies, _help, one_of, raise_first_failed
+from ..algorithms import advantage_spec
+from .applies import TEACHER, Applies, _help, _multi_turn, one_of, raise_first_failed
 
 DISTILL_LOSSES = ("reverse_kl", "gkd", "topk_forward_kl")
 GKD = Applies("distill_loss='gkd'", lambda c, g: c.distill_loss == "gkd", ("distill_loss",))
 SERVED = Applies("teacher_server_url is set", lambda c, g: bool(c.teacher_server_url), ("teacher_server_url",))
 TOPK = Applies("distill_loss='topk_forward_kl'", lambda c, g: c.distill_loss == "topk_forward_kl", ("distill_loss",))
+
+
+def _gkd_on_single_turns(cfg, given) -> bool | None:
+    """GKD on one-turn rollouts (None while the trainer's tools=/environment= are unknown)."""
+    multi_turn = _multi_turn(cfg, given) if cfg.distill_loss == "gkd" else True
+    return None if multi_turn is None else not multi_turn
+
+
+GKD_ONE_TURN = Applies("distill_loss='gkd' on one-turn rollouts (no tools=, environment= or tools)",
+                       _gkd_on_single_turns, ("distill_loss", "tools")).because(
+    "a dataset answer is one assistant turn; a conversation's environment turns have no dataset counterpart")
 # the divergences computed through the student's LM head inside its forward, in chunks
 THROUGH_THE_HEAD = ("gkd", "topk_forward_kl")
 
@@ -76,6 +88,16 @@ class DistillFields:
                                     "teacher), between them the generalized JSD with the mixture beta * p_teacher + "
                                     "(1 - beta) * p_student (TRL's convention and default)."),
     )
+    gkd_lambda: Annotated[float, GKD_ONE_TURN] = field(
+        default=1.0, metadata=_help("GKD's lambda, the student-data fraction (Agarwal et al. 2024; TRL's lmbda, 0.5 "
+                                    "there): the share of rounds whose answers the student samples. In the others "
+                                    "the GKD loss is taken on the training dataset's answers, its 'completion' "
+                                    "column (a string, or one assistant message as TRL's conversational "
+                                    "prompt-completion rows), followed by EOS. Which rounds is drawn from seed and "
+                                    "step: the same on every process and on resume. 1: always the student's own "
+                                    "samples. Below 1 the run trains on the teacher alone (every reward weighs 0; "
+                                    "a policy gradient on answers the student did not sample would be wrong)."),
+    )
 
 
 def check_distill(cfg) -> None:
@@ -86,6 +108,13 @@ def check_distill(cfg) -> None:
         ("gkd_beta", 0.0 <= cfg.gkd_beta <= 1.0, "must be in [0, 1] (0: forward KL, 1: reverse KL, between: the JSD)"),
         ("teacher_server_timeout_s", cfg.teacher_server_timeout_s > 0, "must be > 0"),
         ("distill_topk", cfg.distill_topk >= 1, "must be >= 1 (the teacher's tokens per position)"),
+        ("gkd_lambda", 0.0 <= cfg.gkd_lambda <= 1.0, "must be in [0, 1] (the share of rounds the student samples)"),
+        ("gkd_lambda", cfg.gkd_lambda == 1.0 or cfg.rollout_is is None,
+         f"cannot hold with rollout_is={cfg.rollout_is!r}: no engine sampled the dataset's answers, so there are no "
+         f"sampling log-probs to correct by"),
+        ("gkd_lambda", cfg.gkd_lambda == 1.0 or not advantage_spec(cfg.adv_estimator).needs_values,
+         f"cannot hold with adv_estimator={cfg.adv_estimator!r}: the critic would learn values of answers the "
+         f"student did not sample"),
         ("distill_loss", cfg.distill_loss not in THROUGH_THE_HEAD or not cfg.training_is_sharded,
          "is not available under DeepSpeed or FSDP yet (under ZeRO-3 and FSDP2 the heads are sharded, and the "
          "chunked divergence reads them whole; ZeRO-1/2 are not tested with it): use one process or DDP, or "
