@@ -28,6 +28,9 @@ class RolloutBatch:
     prompts: list = field(default_factory=list)
     completions: list[str] = field(default_factory=list)
     columns: dict[str, list] = field(default_factory=dict)
+    # GKD's dataset share (gkd_lambda < 1): the rows are the dataset's answers, not samples; such a round is not
+    # scored and its task advantages are 0 (verl_hf/dataset_answers.py).
+    from_dataset: bool = False
     # Filled by later stages.
     rollout_logprobs: torch.Tensor | None = None  # (B, Lr) from the engine, when it reports them
     # (B, Lr) long: the optimizer steps the weights that sampled each token had seen, from an engine that labels

@@ -139,11 +139,12 @@ def prepare_datasets(train_dataset, eval_dataset, tokenizer, args, multi_turn=No
     def prepare(ds, split):
         return prepare_prompts(ds, tokenizer, args.data_key_map, args.max_prompt_length, split, **extra)
 
-    train = prepare(train_dataset, "train") if train_dataset is not None else None
-    if args.gkd_lambda < 1.0:
+    if args.gkd_lambda < 1.0 and train_dataset is not None:  # on the rows as given: an error names the user's row
         from .dataset_answers import check_answer_column
 
-        check_answer_column(train)
+        check_is_dataset(train_dataset, "train")
+        check_answer_column(train_dataset, args.data_key_map)
+    train = prepare(train_dataset, "train") if train_dataset is not None else None
     if isinstance(eval_dataset, dict):
         return train, {k: prepare(v, f"eval[{k}]") for k, v in eval_dataset.items()}
     return train, prepare(eval_dataset, "eval") if eval_dataset is not None else None

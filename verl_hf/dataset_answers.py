@@ -15,7 +15,7 @@ import random
 import torch
 
 from .batch import RolloutBatch, row_columns
-from .rollout.base import left_pad
+from .rollout.base import left_pad, mask_after_eos
 
 ANSWER_COLUMN = "completion"
 
@@ -41,39 +41,39 @@ def answer_text(completion, row_index: int) -> str:
                      f"[{{'role': 'assistant', 'content': '...'}}].")
 
 
-def dataset_answers(rows: list[dict], tokenizer, num_generations: int, max_response_length: int) -> RolloutBatch:
-    """The rows' prompts with their dataset answers, each answer followed by EOS as the engine's samples end, cut
-    to max_response_length (truncated, as a sample that hit the limit). Each row is repeated num_generations
-    times, so the round has the shape a sampled one has. No rollout log-probs: no engine sampled these tokens.
+def dataset_answers(rows: list[dict], tokenizer, eos_ids: list[int], num_generations: int,
+                    max_response_length: int) -> RolloutBatch:
+    """The rows' prompts with their dataset answers, ended as the engines end a sample: the tokenizer's EOS is
+    appended, the response stops at its first id in `eos_ids` (an answer holding one is cut there), and one cut
+    at max_response_length without any is truncated. Each answer stands for the num_generations samples of its
+    prompt (repeated), so the round keeps a sampled round's shape. No rollout log-probs: no engine sampled these.
 
     prompt_ids (B, Lp) left-padded; response_ids (B, Lr) right-padded with the pad id; B = len(rows) * n."""
     n, pad = num_generations, tokenizer.pad_token_id
     texts = [answer_text(row.get(ANSWER_COLUMN), i) for i, row in enumerate(rows)]
-    answers = []
-    for text in texts:
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        answers.append(ids[:max_response_length])
+    answers = [(tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])[:max_response_length]
+               for text in texts]
     prompt_ids, prompt_mask = left_pad([row["prompt_ids"] for row in rows for _ in range(n)], pad)
-    width = max(len(a) for a in answers)
-    response_ids = torch.full((len(rows) * n, width), pad, dtype=torch.long)
-    response_mask = torch.zeros_like(response_ids)
+    response = torch.full((len(rows) * n, max(len(a) for a in answers)), pad, dtype=torch.long)
     for row, ids in enumerate(a for a in answers for _ in range(n)):
-        response_ids[row, : len(ids)], response_mask[row, : len(ids)] = torch.tensor(ids), 1
-    truncated = torch.tensor([ids[-1] != tokenizer.eos_token_id for ids in answers]).repeat_interleave(n)
+        response[row, : len(ids)] = torch.tensor(ids)
+    # a truncated answer is the widest row (the limit), so no padding follows it that could read as an EOS
+    response_ids, response_mask, truncated = mask_after_eos(response, eos_ids, pad)
     return RolloutBatch(
         prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids, response_mask=response_mask,
-        group_ids=torch.arange(len(rows)).repeat_interleave(n), truncated=truncated,
+        group_ids=torch.arange(len(rows)).repeat_interleave(n), truncated=truncated, from_dataset=True,
         prompts=[row.get("prompt", tokenizer.decode(row["prompt_ids"])) for row in rows for _ in range(n)],
         completions=tokenizer.batch_decode(response_ids, skip_special_tokens=True), columns=row_columns(rows, n))
 
 
-def check_answer_column(dataset) -> None:
-    """gkd_lambda < 1: the training dataset has the answers, each in a form `answer_text` reads (said before any
-    model loads)."""
-    if dataset is None or ANSWER_COLUMN not in dataset.column_names:
-        have = None if dataset is None else dataset.column_names
+def check_answer_column(dataset, data_key_map: dict | None = None) -> None:
+    """gkd_lambda < 1: the training dataset as given has the answers (data_key_map may name another column for
+    them), each in a form `answer_text` reads; said before any model loads, naming the dataset's own row."""
+    column = (data_key_map or {}).get(ANSWER_COLUMN, ANSWER_COLUMN)
+    if column not in dataset.column_names:
         raise ValueError(f"gkd_lambda < 1 trains some rounds on the training dataset's answers, its "
-                         f"'{ANSWER_COLUMN}' column, which it lacks (columns: {have}): add one (data_key_map can "
-                         f"rename yours, e.g. '{{\"{ANSWER_COLUMN}\": \"response\"}}'), or set gkd_lambda=1.")
-    for index, completion in enumerate(dataset[ANSWER_COLUMN]):
+                         f"'{ANSWER_COLUMN}' column, which it lacks (columns: {dataset.column_names}): add one, or "
+                         f"name yours with data_key_map={{'{ANSWER_COLUMN}': '<your column>'}} (the evaluation "
+                         f"dataset then needs that column too), or set gkd_lambda=1.")
+    for index, completion in enumerate(dataset[column]):
         answer_text(completion, index)

@@ -116,17 +116,14 @@ class RoundBuilder:
         if self.settings.rollout_seed_per_prompt:
             seeds = stream.for_rows(self.settings.seed, step, len(rows), self.settings.process_index * len(rows))
         s = self.settings
-        on_policy = samples_on_policy(s.gkd_lambda, s.seed, step)
+        if not samples_on_policy(s.gkd_lambda, s.seed, step):  # GKD's dataset share: the dataset's answers
+            metrics.record({"rollout/dataset_answers": 1.0})
+            return dataset_answers(rows, self.actor.tokenizer, self.actor.eos_token_ids, s.sampling.num_generations,
+                                   s.max_response_length)
         with metrics.timer("rollout") as clock:
-            if on_policy:
-                batch, turn_metrics = generate(self.actor, rows, self.multi_turn, row_seeds=seeds,
-                                               **sampling_kwargs(s.sampling, train=True))
-            else:  # GKD's dataset share (gkd_lambda < 1): the dataset's answers instead of the student's samples
-                batch = dataset_answers(rows, self.actor.tokenizer, s.sampling.num_generations, s.max_response_length)
-                turn_metrics = {}
-        if s.gkd_lambda < 1.0:
-            turn_metrics = {**turn_metrics, "rollout/dataset_answers": float(not on_policy)}
-        metrics.record(turn_metrics)
+            batch, turn_metrics = generate(self.actor, rows, self.multi_turn, row_seeds=seeds,
+                                           **sampling_kwargs(s.sampling, train=True))
+        metrics.record({**turn_metrics, **({"rollout/dataset_answers": 0.0} if s.gkd_lambda < 1.0 else {})})
         lengths = batch.response_mask.sum(dim=1).float()
         metrics.record({
             "response_length/mean": lengths.mean().item(), "response_length/max": lengths.max().item(),
@@ -138,6 +135,9 @@ class RoundBuilder:
     def score(self, batch: RolloutBatch, metrics: MetricBuffer | None = None) -> RolloutBatch:
         """Rewards (and, through the constraint, costs); `valid` says which rows some function scored."""
         metrics = self.metrics if metrics is None else metrics
+        if batch.from_dataset:  # nothing the student did to score: every row stays in, rewarded 0 (advantages 0)
+            batch.rewards, batch.valid = torch.zeros(len(batch)), torch.ones(len(batch), dtype=torch.bool)
+            return batch
         with metrics.timer("reward"):
             batch.rewards, result, penalty = self.rewards.rewards(batch)
         metrics.record({**result.metrics(), **episode_reward_metrics(batch, result.valid)})
@@ -221,7 +221,7 @@ class RoundBuilder:
 
     def add_greedy_baselines(self, batch: RolloutBatch) -> RolloutBatch:
         """ReMax (Li et al. 2024): the reward of each prompt's greedy response is its baseline."""
-        if not self.advantage.needs_greedy_baseline:
+        if not self.advantage.needs_greedy_baseline or batch.from_dataset:  # no advantages on the dataset's answers
             return batch
         firsts = batch.select(_first_index_per_group(batch))
         rows = [{"prompt": firsts.prompts[i], "prompt_ids": ids[m.bool()].tolist(),
@@ -279,6 +279,10 @@ class RoundBuilder:
     def compute_advantages(self, batch: RolloutBatch, step: int):
         """(batch with token_level_rewards, advantages, returns; the KL measured in the reward or None)."""
         s, kl_in_reward = self.settings, None
+        if batch.from_dataset:  # GKD's dataset share: its divergence is the only signal, no policy gradient
+            zeros = torch.zeros_like(batch.response_mask, dtype=torch.float32)
+            batch.token_level_rewards, batch.advantages, batch.returns = zeros, zeros.clone(), zeros.clone()
+            return batch, None
         with self.metrics.timer("advantage"):
             mask = batch.response_mask.float()
             token_rewards = place_outcome_rewards(batch.rewards, mask)

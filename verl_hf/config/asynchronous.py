@@ -76,6 +76,8 @@ def _not_yet(cfg) -> list[tuple[bool, str]]:
          f"adv_estimator={cfg.adv_estimator!r}: its greedy baselines sample from the engine inside the trainer's step"),
         (cfg.safe_rl, "Safe-RLHF (cost_funcs or cost_model_path): the cost window is kept by the trainer's step"),
         (bool(cfg.tools), "tools: multi-turn rollouts are not produced ahead yet"),
+        (cfg.gkd_lambda < 1.0, f"gkd_lambda={cfg.gkd_lambda}: asynchronous rounds need rollout_is, and the "
+                               f"dataset's answers have no sampling log-probs for it; set gkd_lambda=1"),
     ]  # routing_replay needs no entry: the vLLM server engine refuses it already (config/generation.py)
 
 
@@ -87,12 +89,12 @@ def check_async(cfg) -> None:
     one_of("proximal_logprobs", cfg.proximal_logprobs, PROXIMAL_LOGPROBS)
     if cfg.max_staleness == 0 or cfg.rollout_engine != "vllm_server":
         return  # another engine: refused by the field's condition, with its reason (applies.py)
+    for holds, why in _not_yet(cfg):  # first: what cannot run asynchronously at all, before what to add
+        if holds:
+            raise ValueError(f"max_staleness={cfg.max_staleness} cannot run with {why}. Set max_staleness=0 for this "
+                             f"setup.")
     if cfg.rollout_is is None:
         raise ValueError(f"max_staleness={cfg.max_staleness} samples from policies up to {cfg.max_staleness} steps "
                          f"older than the one trained, and rollout_is=None would treat those samples as on-policy: set "
                          f"rollout_is='token' (the importance weight of AReaL's decoupled PPO, truncated at "
                          f"rollout_is_threshold), or max_staleness=0.")
-    for holds, why in _not_yet(cfg):
-        if holds:
-            raise ValueError(f"max_staleness={cfg.max_staleness} cannot run with {why}. Set max_staleness=0 for this "
-                             f"setup.")

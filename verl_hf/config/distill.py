@@ -90,13 +90,15 @@ class DistillFields:
     )
     gkd_lambda: Annotated[float, GKD_ONE_TURN] = field(
         default=1.0, metadata=_help("GKD's lambda, the student-data fraction (Agarwal et al. 2024; TRL's lmbda, 0.5 "
-                                    "there): the share of rounds whose answers the student samples. In the others "
-                                    "the GKD loss is taken on the training dataset's answers, its 'completion' "
-                                    "column (a string, or one assistant message as TRL's conversational "
-                                    "prompt-completion rows), followed by EOS. Which rounds is drawn from seed and "
-                                    "step: the same on every process and on resume. 1: always the student's own "
-                                    "samples. Below 1 the run trains on the teacher alone (every reward weighs 0; "
-                                    "a policy gradient on answers the student did not sample would be wrong)."),
+                                    "there): the share of rounds whose answers the student samples. The other "
+                                    "rounds take the training dataset's answers, its 'completion' column (a string, "
+                                    "or one assistant message as TRL's conversational rows) followed by EOS, each "
+                                    "repeated num_generations times to keep the round's shape; such a round trains "
+                                    "GKD's divergence alone (not scored, task advantages 0) and logs "
+                                    "rollout/dataset_answers. Which rounds is drawn from seed and step: the same on "
+                                    "every process and on resume. 1: always the student's own samples. Below 1 "
+                                    "every task reward must weigh 0, and kl_coef, rollout_is, PPO's critic and "
+                                    "asynchronous training are refused."),
     )
 
 
@@ -111,10 +113,13 @@ def check_distill(cfg) -> None:
         ("gkd_lambda", 0.0 <= cfg.gkd_lambda <= 1.0, "must be in [0, 1] (the share of rounds the student samples)"),
         ("gkd_lambda", cfg.gkd_lambda == 1.0 or cfg.rollout_is is None,
          f"cannot hold with rollout_is={cfg.rollout_is!r}: no engine sampled the dataset's answers, so there are no "
-         f"sampling log-probs to correct by"),
+         f"sampling log-probs to correct by. Set rollout_is=None, or gkd_lambda=1"),
         ("gkd_lambda", cfg.gkd_lambda == 1.0 or not advantage_spec(cfg.adv_estimator).needs_values,
          f"cannot hold with adv_estimator={cfg.adv_estimator!r}: the critic would learn values of answers the "
-         f"student did not sample"),
+         f"student did not sample. Use a critic-free estimator (grpo), or gkd_lambda=1"),
+        ("gkd_lambda", cfg.gkd_lambda == 1.0 or cfg.kl_coef == 0,
+         f"cannot hold with kl_coef={cfg.kl_coef}: the KL to the reference would be estimated on answers the "
+         f"student did not sample (the teacher anchors the student in GKD). Set kl_coef=0, or gkd_lambda=1"),
         ("distill_loss", cfg.distill_loss not in THROUGH_THE_HEAD or not cfg.training_is_sharded,
          "is not available under DeepSpeed or FSDP yet (under ZeRO-3 and FSDP2 the heads are sharded, and the "
          "chunked divergence reads them whole; ZeRO-1/2 are not tested with it): use one process or DDP, or "

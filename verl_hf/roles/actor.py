@@ -45,7 +45,8 @@ class Actor(TrainableRole):
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         self.temperature, self.logits_chunk_size = temperature, logits_chunk_size
-        self.engine = engine or HFSharedEngine(model, tokenizer.pad_token_id, eos_token_ids(model, tokenizer))
+        self.eos_token_ids = eos_token_ids(model, tokenizer)  # what ends a response (GKD's dataset answers too)
+        self.engine = engine or HFSharedEngine(model, tokenizer.pad_token_id, self.eos_token_ids)
         if not isinstance(self.engine, RolloutEngine):
             raise TypeError(f"engine={type(self.engine).__name__} is not a verl_hf.rollout.RolloutEngine: subclass it "
                             f"(only generate is required; the base class declares the rest with safe defaults).")
