@@ -112,10 +112,9 @@ class RoundBuilder:
         """`metrics`, `seeds`: where the rollout's metrics go and the seed stream it draws from (default: the
         builder's; a producer sampling ahead keeps its own, so that a checkpoint holds no call made ahead)."""
         metrics = self.metrics if metrics is None else metrics
-        stream, seeds = (self.seeds if seeds is None else seeds), None
-        if self.settings.rollout_seed_per_prompt:
-            seeds = stream.for_rows(self.settings.seed, step, len(rows), self.settings.process_index * len(rows))
-        s = self.settings
+        s, stream, seeds = self.settings, (self.seeds if seeds is None else seeds), None
+        if s.rollout_seed_per_prompt:  # drawn on dataset rounds too: the stream stays where a resumed run finds it
+            seeds = stream.for_rows(s.seed, step, len(rows), s.process_index * len(rows))
         if not samples_on_policy(s.gkd_lambda, s.seed, step):  # GKD's dataset share: the dataset's answers
             metrics.record({"rollout/dataset_answers": 1.0})
             return dataset_answers(rows, self.actor.tokenizer, self.actor.eos_token_ids, s.sampling.num_generations,
