@@ -11,8 +11,14 @@ unit). Each rank reports, side by side in one run:
 2. the HF engine under ZeRO-3, per rollout: "shared" (generate on the sharded model, whole-model gather per
    generate call) against "copy" (one bucketed sync, then generate on a plain inference copy).
 
+3. `--lora`: a LoRA policy into colocated vLLM (one process, no launcher), merged (`vllm_lora='merge'`: the whole
+   model every sync) against served as an adapter (`'adapter'`: the base once, then the adapter): bytes, seconds
+   and peak extra memory per sync after the first, and generation tokens/s of the same batch from each engine
+   (vLLM's LoRA kernels against merged weights).
+
     python benchmarks/sync.py                      # defaults: ~110M params, buckets 16/64/256 MB
     python benchmarks/sync.py --layers 4 --hidden 256   # a quick small run
+    python benchmarks/sync.py --lora               # LoRA r=16 on every linear layer, merged vs adapter
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ def parse():
     parser.add_argument("--new_tokens", type=int, default=32)
     parser.add_argument("--skip_rollout", action="store_true", help="only the sync table")
     parser.add_argument("--shardings", nargs="+", default=["zero3", "fsdp2"], choices=["zero3", "fsdp2"])
+    parser.add_argument("--lora", action="store_true", help="LoRA into colocated vLLM: merged vs adapter")
+    parser.add_argument("--lora_rank", type=int, default=16)
     return parser.parse_args()
 
 
@@ -210,6 +218,63 @@ def worker(args) -> None:
         gc.collect()
 
 
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def bench_lora(args) -> None:
+    """Merged against adapter syncs into colocated vLLM, one process, then tokens/s of each engine's generation."""
+    import statistics
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaForCausalLM
+
+    from verl_hf.rollout import SamplingConfig
+    from verl_hf.rollout.vllm_engine import VLLMEngine
+    from verl_hf.sync import WeightSync
+    from verl_hf.sync.adapter import engine_lora_rank, vllm_adapter_config
+
+    torch.manual_seed(0)
+    lora = LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank, target_modules=LORA_TARGETS,
+                      init_lora_weights=False)
+    model = get_peft_model(LlamaForCausalLM(llama_config(args)), lora).eval()
+    adapter = vllm_adapter_config(lora)
+    rows = {}
+    for mode, sync, rank in (("merge", WeightSync(bucket_mb=64), None),
+                             ("adapter", WeightSync(bucket_mb=64, adapter_config=adapter), engine_lora_rank(adapter))):
+        engine = VLLMEngine(model.get_base_model().config, 0, [args.vocab - 1], max_model_len=64,
+                            kv_cache_memory_bytes=256 * 2**20, lora_rank=rank)
+        first = sync.sync(model, engine)
+        later = []
+        for _ in range(args.repeats):
+            with torch.no_grad():  # an update of the adapter, as an optimizer step makes
+                for name, p in model.named_parameters():
+                    if "lora_B" in name:
+                        p.add_(1e-3 * torch.randn_like(p))
+            later.append(sync.sync(model, engine))
+        prompts = [[1 + (i * 7 + j) % 1000 for j in range(16)] for i in range(args.batch)]
+        params = SamplingConfig(max_new_tokens=args.new_tokens, seed=0)
+        engine.generate(prompts, params)  # warm-up
+        started = time.perf_counter()
+        out = engine.generate(prompts, params)
+        tokens = int(out.response_mask.sum()) / (time.perf_counter() - started)
+        rows[mode] = (first, {k: statistics.median(s[k] for s in later) for k in later[0]}, tokens)
+        del engine
+        gc.collect()
+    params_m = sum(p.numel() for p in model.parameters()) / 1e6
+    print(f"\nLoRA r={args.lora_rank} on every linear layer of a {params_m:.0f}M-parameter Llama, fp32, colocated vLLM, "
+          f"one process; syncs after the first: median of {args.repeats}; generation: {args.batch} prompts x "
+          f"{args.new_tokens} new tokens:\n")
+    print("| vllm_lora | first sync MB | sync MB | sync s | peak extra MB | generate tokens/s |")
+    print("|---|---|---|---|---|---|")
+    for mode, (first, median, tokens) in rows.items():
+        print(f"| {mode} | {first['sync/gigabytes'] * 1e3:.1f} | {median['sync/gigabytes'] * 1e3:.2f} | "
+              f"{median['sync/seconds']:.4f} | {median.get('sync/peak_extra_mb', float('nan')):.1f} | {tokens:.0f} |")
+    (_, merged, merged_tokens), (_, served, served_tokens) = rows["merge"], rows["adapter"]
+    print(f"\nadapter / merge: bytes {served['sync/gigabytes'] / merged['sync/gigabytes']:.2%}, seconds "
+          f"{served['sync/seconds'] / merged['sync/seconds']:.2%}, generate tokens/s {served_tokens / merged_tokens:.2f}x")
+
+
 def launch() -> int:
     # A fixed mmap threshold makes glibc return every freed block >= 64 KB to the OS at once, so the resident
     # set (what PeakMemory reads on CPU) tracks live tensors instead of recycled heap memory.
@@ -223,7 +288,9 @@ def launch() -> int:
 
 if __name__ == "__main__":
     arguments = parse()
-    if arguments.worker:
+    if arguments.lora:
+        bench_lora(arguments)
+    elif arguments.worker:
         worker(arguments)
     else:
         sys.exit(launch())

@@ -167,10 +167,12 @@ def check(path: str, out_dir: Path, lora_targets: list[str] | None = None, **ove
     logged = [h["rollout_is/mismatch_k1"] for h in history if "rollout_is/mismatch_k1" in h]
     logged_max = [h["rollout_is/logprob_gap_max"] for h in history if "rollout_is/logprob_gap_max" in h]
     agreement = [h["moe/replay_agreement"] for h in history if "moe/replay_agreement" in h]  # routing_replay
+    synced = [{k: v for k, v in h.items() if k.startswith("sync/")} for h in history if "sync/gigabytes" in h]
     return dict(changed=changed, total=len(before), mean_gap=gap.mean().item(), max_gap=gap.max().item(),
                 tokens=int(mask.sum()), reload_identical=same, train_mode_repeatable=repeatable,
                 saved_rates_kept=saved_rates_kept, logged_k1=logged,
-                logged_gap_max=logged_max, replay_agreement=agreement, steps=args.max_steps, bf16=bool(args.bf16))
+                logged_gap_max=logged_max, replay_agreement=agreement, steps=args.max_steps, bf16=bool(args.bf16),
+                synced=synced)
 
 
 def _dropout_fields(checkpoint: Path) -> dict:

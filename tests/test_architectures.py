@@ -24,7 +24,9 @@ from architectures import (ARCHITECTURES, BF16_K1_BOUND, BF16_MAX_LOGPROB_BOUND,
 from conftest import vllm_server
 
 HERE = Path(__file__).parent
-LORA = {"qwen3": ["q_proj", "v_proj", "gate_proj"], "phi3": ["qkv_proj", "gate_up_proj"]}
+LORA = {"llama": ["q_proj", "v_proj", "gate_proj", "down_proj"], "qwen3": ["q_proj", "v_proj", "gate_proj"],
+        "phi3": ["qkv_proj", "gate_up_proj"]}
+LORA_MODES = ("adapter", "merge")
 STEPS = {"seed_oss": 3}  # the dropout acceptance: 3 steps with the engine-vs-trainer gap in the fp32 bound
 
 
@@ -158,10 +160,28 @@ def test_vllm_server_in_the_default_precision(zoo, tmp_path):
         assert "dtype=torch.bfloat16" in log.read_text()
 
 
+_LORA: dict[str, list[dict]] = {}  # family -> the figures of its two LoRA runs (one process)
+
+
+@pytest.mark.parametrize("mode", LORA_MODES)
 @pytest.mark.parametrize("name", LORA)
-def test_lora_through_colocated_vllm(zoo, name, tmp_path):
-    figures = colocated(zoo[name], tmp_path, lora_targets=LORA[name])
+def test_lora_through_colocated_vllm(zoo, name, mode, tmp_path):
+    """A LoRA policy (attention and MLP targets; Phi-3's fused qkv_proj and gate_up_proj) through colocated vLLM,
+    served as an adapter (vllm_lora='adapter': vLLM's LoRA kernels apply it; after the first sync only the
+    adapter travels, and no base weight is gathered) and merged (the whole model every sync): after every
+    update the engine's log-probs equal the PEFT model's forward within 1e-4 (fp32)."""
+    if name not in _LORA:
+        _LORA[name] = colocated(zoo[name], tmp_path, lora_targets=LORA[name],
+                                runs=[{"vllm_lora": m} for m in LORA_MODES])
+    figures = _LORA[name][LORA_MODES.index(mode)]
     assert_trained_and_equal(figures, name)
+    first, *later = figures["synced"]
+    if mode == "adapter":  # the base once, then megabytes: here 2% of the first sync's bytes
+        assert first["sync/base_tensors"] > 0 and later and all(s["sync/base_tensors"] == 0 for s in later)
+        assert all(s["sync/gigabytes"] < 0.03 * first["sync/gigabytes"] for s in later), figures["synced"]
+        assert [s["sync/adapter_version"] for s in figures["synced"]] == list(range(1, len(later) + 2))
+    else:
+        assert all("sync/adapter_version" not in s and s["sync/gigabytes"] == first["sync/gigabytes"] for s in later)
 
 
 @pytest.mark.parametrize("engine", ["hf", "vllm"])
@@ -182,6 +202,52 @@ def test_moe_under_zero3_two_processes(zoo, tmp_path, engine):
     steps = [h for h in json.loads((out / "log_history.json").read_text()) if "kl" in h]
     assert len(steps) == 2 and steps[0]["kl"] == pytest.approx(0.0, abs=1e-7) and steps[1]["kl"] > 1e-6, steps
     assert all(h["sync/gigabytes"] > 0 and abs(h["rollout_is/mismatch_k1"]) < MEAN_LOGPROB_BOUND for h in steps)
+
+
+def test_lora_adapter_through_the_vllm_server(zoo, tmp_path):
+    """`verl-hf vllm-serve --lora-rank 8`: each sync sends the adapter by HTTP, vLLM loads it as a new version under
+    its own LoRA API and the requests name it; the log-probs equal the PEFT forward within 1e-4 after every update,
+    and the server keeps one version loaded (max_staleness + 1), in its API and in its worker."""
+    import urllib.request
+
+    with vllm_server(zoo["llama"], tmp_path / "server.log", extra_args=["--lora-rank", "8"]) as url:
+        figures = check(zoo["llama"], tmp_path, rollout_engine="vllm_server", vllm_server_url=url,
+                        lora_targets=LORA["llama"], vllm_lora="adapter", max_steps=3)
+        request = urllib.request.Request(url + "/collective_rpc", data=json.dumps(
+            {"method": "verl_hf_loaded_adapters"}).encode(), headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            loaded = json.loads(answer.read())["results"][0]
+        with urllib.request.urlopen(url + "/v1/models", timeout=60) as answer:
+            served = [m["id"] for m in json.loads(answer.read())["data"] if m["id"].startswith("verl_hf_v")]
+    assert_trained_and_equal(figures, "llama")
+    first, *later = figures["synced"]
+    assert first["sync/base_tensors"] > 0 and len(later) == 2 and all(s["sync/base_tensors"] == 0 for s in later)
+    assert all(s["sync/gigabytes"] < 0.03 * first["sync/gigabytes"] for s in later), figures["synced"]
+    assert len(loaded) == 1 and served == ["verl_hf_v4"], (loaded, served)  # 3 steps + the check's own sync
+
+
+def test_lora_adapter_under_zero3_two_processes(zoo, tmp_path):
+    """`accelerate launch` with the ready ZeRO-3 config, 2 processes, a LoRA Llama served to each process's colocated
+    vLLM as an adapter: the first sync gathers the partitioned base once, every later sync only the adapter (no
+    base weight, a few percent of the bytes), and the engines' log-probs match the trainer's (k1 within fp32)."""
+    from test_distributed import MODES, _run, _two_processes
+
+    out = tmp_path / "zero3_lora_adapter"
+    flags = ["--model_name_or_path", zoo["llama"], "--max_steps", "3", "--per_device_train_batch_size", "16",
+             "--use_cpu", "false", "--rollout_engine", "vllm", "--vllm_lora", "adapter", "--rollout_is", "token",
+             "--use_peft", "true", "--lora_r", "8", "--lora_target_modules", "q_proj", "v_proj", "gate_proj",
+             "--learning_rate", "1e-3", "--reward_funcs", f"{HERE / 'architectures.py'}:digit_share",
+             "--reward_weights", "1.0", "--eval_strategy", "no", "--save_strategy", "no"]
+    _run(tmp_path, _two_processes(MODES["zero3"]), out, flags)
+    steps = [h for h in json.loads((out / "log_history.json").read_text()) if "sync/gigabytes" in h]
+    first, *later = steps
+    assert len(later) == 2 and first["sync/base_tensors"] > 0 and all(h["sync/base_tensors"] == 0 for h in later)
+    # r=8 on q (128 -> 128), v (128 -> 64) and gate (128 -> 256) of 2 layers, fp32: A and B, nothing else
+    adapter_bytes = 8 * ((128 + 128) + (128 + 64) + (128 + 256)) * 2 * 4
+    assert all(h["sync/gigabytes"] == adapter_bytes / 1e9 for h in later), steps
+    versions = [h["sync/adapter_version"] for h in steps]  # the first log also has the sync of the evaluation before
+    assert versions == sorted(set(versions)), versions
+    assert all(abs(h["rollout_is/mismatch_k1"]) < MEAN_LOGPROB_BOUND for h in steps), steps
 
 
 def test_moe_synced_in_small_buckets(zoo, tmp_path):

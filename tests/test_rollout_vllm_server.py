@@ -329,6 +329,27 @@ def test_a_cpu_without_fast_bf16_serves_float32_unless_told():
     assert dtype(["--dtype", "bfloat16"], bf16_fast=False) == ["bfloat16"]
 
 
+def test_vllm_serve_lora_flags(capsys):
+    """`--lora-rank R`: vLLM's LoRA kernels up to rank R, `--lora-versions` slots (GPU and CPU copies), and the routes
+    that load and free adapter versions (VLLM_ALLOW_RUNTIME_LORA_UPDATING)."""
+    from verl_hf.rollout.vllm_serve import parse_serve_args, serve_command
+
+    args, passthrough = parse_serve_args(["m", "--lora-rank", "16", "--lora-versions", "3"])  # 3: e.g. for a 2nd run
+    cmd, env = serve_command(args, passthrough, has_gpu=False)
+    line = " ".join(cmd)
+    assert "--enable-lora --max-lora-rank 16 --max-loras 3 --max-cpu-loras 3" in line
+    assert env == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
+    plain, plain_env = serve_command(*parse_serve_args(["m"]), has_gpu=False)
+    assert "--enable-lora" not in plain and plain_env == {"VLLM_SERVER_DEV_MODE": "1"}
+    assert "--max-loras 2 " in " ".join(serve_command(*parse_serve_args(["m", "--lora-rank", "8"]), has_gpu=False)[0])
+    for bad, said in ((["--lora-versions", "3"], "--lora-versions takes effect only with --lora-rank"),
+                      (["--lora-rank", "12"], "invalid choice: 12"),
+                      (["--lora-rank", "8", "--lora-versions", "1"], "at least 2")):
+        with pytest.raises(SystemExit):
+            parse_serve_args(["m", *bad])
+        assert said in capsys.readouterr().err, bad
+
+
 def test_missing_vllm_names_what_to_install():
     code = ("import sys; sys.modules['vllm'] = None\n"
             "from verl_hf.rollout.vllm_engine import import_vllm\n"

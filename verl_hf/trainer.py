@@ -41,6 +41,8 @@ from .safety import NoConstraint
 from .sample_and_score import RewardSettings, RewardStage
 from .state import KLMeter, MetricBuffer, RoundInProgress, token_weighted
 from .sync import WeightSync
+from .adapter_setup import lora_serving
+from .sync.adapter import lora_config_of
 from .teacher_setup import check_teacher, distill_divergence, make_teacher
 from .update import PolicyUpdate, UpdateSettings, entropy_needed
 
@@ -89,7 +91,9 @@ class VerlTrainer(Trainer):
         args = setup.as_verl_config(args, model)
         setup.check_model_paths(model, args, ref_policy, critic, teacher)
         # Cheap checks first: rewards, tokenizer, teacher and data fail here, before any model is loaded.
-        setup.refuse_settings_without_effect(args, tools, environment, teacher)
+        lora = lora_config_of(model, peft_config)  # None: the policy trains no LoRA adapter
+        setup.refuse_settings_without_effect(args, tools, environment, teacher, lora)
+        adapter = lora_serving(args, lora)  # vLLM serves the adapter itself, or None: merged weights
         self.reward_funcs, self.reward_weights = setup.resolve_rewards(args, reward_funcs, reward_model, environment,
                                                                        teacher)
         tokenizer = setup.load_tokenizer(
@@ -111,9 +115,10 @@ class VerlTrainer(Trainer):
         self._reduce_sum = sum_over_processes(self.accelerator)
         if args.routing_replay:
             moe_routers(self.model)  # not an MoE model, or unknown routers: said before any engine starts
-        engine = make_rollout_engine(self.model, tokenizer, args, placement)
+        engine = make_rollout_engine(self.model, tokenizer, args, placement, adapter=adapter)
         self.actor = Actor(self.model, tokenizer, engine=engine, temperature=args.temperature,
-                           weight_sync=WeightSync.for_engine(engine, bucket_mb=args.sync_bucket_mb, verify=args.sync_verify),
+                           weight_sync=WeightSync.for_engine(engine, bucket_mb=args.sync_bucket_mb,
+                                                             verify=args.sync_verify, adapter_config=adapter),
                            logits_chunk_size=args.logits_chunk_size,
                            routing_replay=args.routing_replay)
         self.add_callback(EngineWeightsChanged(self.actor))

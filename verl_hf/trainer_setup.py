@@ -126,11 +126,11 @@ def resolve_rewards(args: VerlConfig, reward_funcs, reward_model, environment=No
     return funcs, list(args.reward_weights or [1.0] * len(funcs))
 
 
-def refuse_settings_without_effect(args: VerlConfig, tools, environment, teacher) -> None:
-    """The settings that take effect only with what VerlTrainer was given (tools=, environment=, teacher=) are
-    refused without it, before any model loads."""
+def refuse_settings_without_effect(args: VerlConfig, tools, environment, teacher, lora=None) -> None:
+    """The settings that take effect only with what VerlTrainer was given (tools=, environment=, teacher=, a
+    LoRA policy's config `lora`) are refused without it, before any model loads."""
     given = TrainerInputs(tools=bool(_tool_specs(args, tools)), environment=environment is not None,
-                          teacher=teacher is not None)
+                          teacher=teacher is not None, lora=lora is not None)
     refuse_fields_that_cannot_apply(args, given)
 
 

@@ -38,6 +38,7 @@ class TrainerInputs:
     tools: bool = False
     environment: bool = False
     teacher: bool = False
+    lora: bool = False  # the policy trains a LoRA adapter (peft_config=, or a PeftModel)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,12 @@ def _with_teacher(cfg, given: TrainerInputs | None) -> bool | None:
     return None if given is None else given.teacher
 
 
+def _vllm_with_lora(cfg, given: TrainerInputs | None) -> bool | None:
+    if cfg.rollout_engine not in ("vllm", "vllm_server"):
+        return False
+    return None if given is None else given.lora
+
+
 HF_ENGINE = _engine("hf")
 COLOCATED_VLLM = _engine("vllm").because(lambda c: "with rollout_engine='vllm_server' the server is sized where "
                                           "it starts (`verl-hf vllm-serve --help`)" if c.rollout_engine == "vllm_server"
@@ -112,6 +119,8 @@ MULTI_TURN = Applies("rollouts are multi-turn: tools=[...] or environment=... gi
                      "the config)", _multi_turn, ("tools",))
 TEACHER = Applies("a teacher is given: teacher_model_path, or teacher= on VerlTrainer (on-policy distillation)",
                   _with_teacher, ("teacher_model_path",))
+VLLM_WITH_LORA = Applies("rollout_engine='vllm' or 'vllm_server' samples for a LoRA policy (peft_config=... on "
+                         "VerlTrainer, or a PeftModel)", _vllm_with_lora, ("rollout_engine",))
 WITH_TOOLS = Applies("tools are given: tools=[...] on VerlTrainer or tools in the config", _with_tools,
                      ("tools",)).because("an environment= enforces its own limits")
 

@@ -47,6 +47,7 @@ class Rollout:
     in each MoE layer (verl_hf/routing.py; -1: none recorded), when sampled with `return_routes`.
     versions (B, Lr) long: the label (`label_weights`) of the weights that sampled each token, from an engine
     that `pauses_for_weights`, once every token it returned was sampled by labelled weights; 0 on padding.
+    adapter_version: the LoRA adapter version that sampled every row (an engine that `serves_adapters`), else None.
     """
 
     prompt_ids: torch.Tensor
@@ -58,6 +59,7 @@ class Rollout:
     prompt_routes: torch.Tensor | None = None
     response_routes: torch.Tensor | None = None
     versions: torch.Tensor | None = None
+    adapter_version: int | None = None
 
 
 class RolloutEngine(abc.ABC):
@@ -93,6 +95,11 @@ class RolloutEngine(abc.ABC):
     unfinished sequences continue with the new weights once it ends (partial rollouts), and `generate` returns
     each token's weight label in `Rollout.versions`."""
 
+    serves_adapters: bool = False
+    """True: the engine applies a LoRA adapter itself (vllm_lora='adapter'): the weight sync pushes the base weights
+    once, then only the adapter (`load_adapter`) after every update, and `generate` samples with the latest
+    adapter loaded (never with the base alone)."""
+
     dtype: torch.dtype | None = None
     """The dtype the sync casts weights to before `load_weights`; None pushes them in the training dtype."""
 
@@ -119,6 +126,13 @@ class RolloutEngine(abc.ABC):
     def finish_sync(self) -> None:
         """Called after the last bucket of every sync (e.g. drop caches computed with the old weights).
         Default: nothing."""
+
+    def load_adapter(self, tensors: dict[str, torch.Tensor], config: dict) -> int:
+        """Load a LoRA adapter (PEFT's names, e.g. 'base_model.model.<module>.lora_A.weight'; `config`: the
+        adapter_config.json fields) as a new version, free the versions no sampling can use any more, and return
+        the new version; `generate` samples with it from now on."""
+        raise NotImplementedError(f"{type(self).__name__} does not serve LoRA adapters (serves_adapters=False); "
+                                  f"use vllm_lora='merge'.")
 
     def get_weights(self, names: list[str]) -> dict[str, torch.Tensor]:
         """The engine's current tensors under these names, for `sync_verify`'s bitwise check."""

@@ -43,11 +43,13 @@ class VLLMEngine(RolloutEngine):
                  dtype: torch.dtype = torch.float32, seed: int = 0, gpu_memory_utilization: float = 0.3,
                  kv_cache_memory_bytes: int | None = None, tensor_parallel_size: int = 1,
                  distributed: bool = False, enforce_eager: bool = True, sleep_level: int = 0,
-                 return_routes: bool = False):
+                 return_routes: bool = False, lora_rank: int | None = None):
         """`config`: the policy's HF config. `distributed`: one engine per process under torchrun/accelerate
         (vLLM's external_launcher). `sleep_level` 1 or 2 (GPU only): `sleep()` frees the engine's memory for
         the update (1: weights offloaded, KV cache dropped; 2: both dropped), the next sync wakes it.
-        `return_routes` (MoE, GPU): vLLM records each token's experts for routing replay."""
+        `return_routes` (MoE, GPU): vLLM records each token's experts for routing replay. `lora_rank`: serve
+        a LoRA adapter of at most this rank (one of vLLM's kernel sizes) with vLLM's LoRA kernels
+        (`load_adapter`); None: the sync pushes merged weights."""
         limit = getattr(config, "max_position_embeddings", None)
         if limit is not None and max_model_len > limit:
             raise ValueError(f"vllm_max_model_len={max_model_len} (default max_prompt_length + max_response_length) "
@@ -61,6 +63,11 @@ class VLLMEngine(RolloutEngine):
         config.save_pretrained(self._config_dir.name)
         kwargs = _llm_kwargs(self._config_dir.name, dtype, seed, max_model_len, tensor_parallel_size, enforce_eager,
                              gpu_memory_utilization, kv_cache_memory_bytes, distributed, sleep_level, return_routes)
+        if lora_rank:
+            # One version samples at a time (a synchronous round); the slot beside it takes the next version
+            # before the old one is freed.
+            kwargs.update(enable_lora=True, max_lora_rank=lora_rank, max_loras=2, max_cpu_loras=2)
+        self.serves_adapters, self.adapter_version = bool(lora_rank), 0  # 0: no adapter loaded yet
         self.returns_routes = return_routes
         self.sleep_level, self.asleep = sleep_level, False
         # The HF layout first: vLLM's Transformers backend changes the HF classes while it builds its model.
@@ -120,6 +127,26 @@ class VLLMEngine(RolloutEngine):
     def get_weights(self, names):
         raise NotImplementedError(NO_HF_WEIGHTS)
 
+    def load_adapter(self, tensors, config) -> int:
+        """The adapter as the next version (every worker, from memory); the previous version is freed at once (no
+        request of this engine outlives a sync)."""
+        from .vllm_lora import add_adapter_in_worker, remove_adapter_in_worker
+
+        if not self.serves_adapters:
+            return super().load_adapter(tensors, config)
+        version, previous = self.adapter_version + 1, self.adapter_version
+        self.llm.collective_rpc(add_adapter_in_worker, args=(version, tensors, config))
+        self.adapter_version = version  # loaded: a failure below must not make the next sync reuse its id
+        if previous:
+            self.llm.collective_rpc(remove_adapter_in_worker, args=(previous,))
+        return version
+
+    def loaded_adapters(self) -> list[int]:
+        """The adapter versions vLLM holds now (bounded: at most one between syncs)."""
+        from .vllm_lora import loaded_adapters_in_worker
+
+        return self.llm.collective_rpc(loaded_adapters_in_worker)[0]
+
     # ---------------------------------------------------------------- sampling
     def generate(self, prompt_ids: list[list[int]], params: SamplingConfig) -> Rollout:
         from vllm import SamplingParams
@@ -132,8 +159,8 @@ class VLLMEngine(RolloutEngine):
         if self._tp_group is not None:  # every rank of a tensor-parallel group runs the same requests
             requests, own = _gather_in_group(requests, self._tp_group)  # each with its own rank's sampling
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p, _ in requests],
-                                    [SamplingParams(**fields) for _, fields in requests], use_tqdm=False) \
-            if requests else []
+                                    [SamplingParams(**fields) for _, fields in requests], use_tqdm=False,
+                                    lora_request=self._adapter_request()) if requests else []
         if own[0] == own[1]:  # this rank had nothing to sample (multi-turn: all its conversations ended)
             return empty_rollout(params.return_logprobs)
         prompt_ids = [p for p, _ in requests]
@@ -145,7 +172,20 @@ class VLLMEngine(RolloutEngine):
         if params.return_routes and self.returns_routes:
             rollout.prompt_routes, rollout.response_routes = routes_from_vllm(
                 [c.routed_experts for c in completions], rollout, self._route_slots)
+        rollout.adapter_version = self.adapter_version or None
         return rollout
+
+    def _adapter_request(self):
+        """The LoRARequest of the latest adapter version; None for an engine that serves merged weights. An engine
+        that serves adapters never samples from the base alone (the silent fallback of verl #3821)."""
+        if not self.serves_adapters:
+            return None
+        if not self.adapter_version:
+            raise RuntimeError("this vLLM engine serves a LoRA adapter (vllm_lora='adapter') and none is loaded yet: "
+                               "it would sample from the base model. Sync the weights first (Actor.sync_weights()).")
+        from .vllm_lora import adapter_request
+
+        return adapter_request(self.adapter_version)
 
 
 

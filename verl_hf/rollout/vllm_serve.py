@@ -18,6 +18,7 @@ import os
 import shlex
 import sys
 
+from ..sync.adapter import VLLM_MAX_LORA_RANKS
 from .amx import NEEDS_AMX, cpu_has_amx, plugin_missing, require_amx_for
 from .vllm_transfer import GLOO_BACKEND, TRANSPORTS
 
@@ -41,8 +42,18 @@ def parse_serve_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         help="At least max_prompt_length + max_response_length of the training run.")
     parser.add_argument("--kv-cache-mb", type=int, default=None,
                         help="KV cache size in MB; default without a GPU: 256 (vLLM would take most of the RAM).")
+    parser.add_argument("--lora-rank", type=int, default=None, choices=VLLM_MAX_LORA_RANKS,
+                        help="Serve a LoRA policy as an adapter (vllm_lora='adapter'): vLLM's LoRA kernels for adapters "
+                             "up to this rank and the routes that load them.")
+    parser.add_argument("--lora-versions", type=int, default=None,
+                        help="Adapter slots, with --lora-rank (default 2: the version in use and the next).")
     parser.add_argument("--print-command", action="store_true", help="Print the command and environment; do not run.")
-    return parser.parse_known_args(argv)
+    args, passthrough = parser.parse_known_args(argv)
+    if args.lora_versions is not None and not args.lora_rank:
+        parser.error("--lora-versions takes effect only with --lora-rank R (serving a LoRA adapter).")
+    if args.lora_versions is not None and args.lora_versions < 2:
+        parser.error(f"--lora-versions {args.lora_versions}: at least 2 (the version in use and the next).")
+    return args, passthrough
 
 
 def serve_command(args: argparse.Namespace, passthrough: list[str], has_gpu: bool,
@@ -59,6 +70,12 @@ def serve_command(args: argparse.Namespace, passthrough: list[str], has_gpu: boo
         cmd.append("--enable-scale-out")  # the token-in/token-out route: rollouts without detokenization
     if args.max_model_len:
         cmd += ["--max-model-len", str(args.max_model_len)]
+    env = {"VLLM_SERVER_DEV_MODE": "1"}
+    if args.lora_rank:
+        versions = str(args.lora_versions or 2)
+        cmd += ["--enable-lora", "--max-lora-rank", str(args.lora_rank), "--max-loras", versions,
+                "--max-cpu-loras", versions]
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # the routes that load and free adapter versions
     kv_mb = args.kv_cache_mb or (None if has_gpu else 256)
     if kv_mb:
         cmd += ["--kv-cache-memory-bytes", str(kv_mb * 2**20)]
@@ -69,7 +86,7 @@ def serve_command(args: argparse.Namespace, passthrough: list[str], has_gpu: boo
             # vLLM would downcast an fp32 checkpoint to bf16 that this CPU (AVX2 only) emulates: slower, and
             # the trainer, in fp32 here by default (bf16=None), would see bf16 log-probs (measured: 1e-3 apart)
             cmd += ["--dtype", "float32"]
-    return cmd + passthrough, {"VLLM_SERVER_DEV_MODE": "1"}
+    return cmd + passthrough, env
 
 
 def _has_scale_out() -> bool:

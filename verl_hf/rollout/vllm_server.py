@@ -28,6 +28,7 @@ from urllib.parse import urlparse
 
 import torch
 
+from ..distributed import process_rank
 from .base import Rollout, RolloutEngine, SamplingConfig
 from .vllm_compat import tied_copies_engine_has
 from .vllm_engine import (NO_HF_WEIGHTS, hf_meta_model, hf_weight_names, request_seeds, rollout_from_tokens,
@@ -45,9 +46,11 @@ class VLLMServerEngine(RolloutEngine):
     serves_requests_concurrently = True  # each call is HTTP requests of its own; the server batches them
 
     def __init__(self, url: str, config, pad_token_id: int, eos_token_ids: list[int], *, max_model_len: int,
-                 timeout_s: float = 600.0):
+                 timeout_s: float = 600.0, lora_rank: int | None = None):
         """`config`: the policy's HF config (the server must serve the same architecture); `max_model_len`: the
-        longest prompt + response the trainer will ask for."""
+        longest prompt + response the trainer will ask for. `lora_rank`: serve a LoRA adapter of at most this rank
+        with the server's LoRA kernels (`load_adapter`): the latest version only (a push never runs during a
+        generation); None: the sync pushes merged weights."""
         self.url, self.timeout_s = url.rstrip("/"), timeout_s
         self.pad_token_id, self.eos_token_ids = pad_token_id, list(eos_token_ids)
         vllm_config = self._call("GET", "/server_info?config_format=json")["vllm_config"]
@@ -62,8 +65,15 @@ class VLLMServerEngine(RolloutEngine):
         self._meta = hf_meta_model(config)
         self._names, tied = hf_weight_names(self._meta)
         self._tied = self._tied_copies_it_has(tied)
-        self._sender = None
+        self._sender, self._updating = None, False
         self.tokens_route = self._has_tokens_route()
+        self.serves_adapters, self.adapter_version = bool(lora_rank), 0
+        if lora_rank:
+            problem = server_lora_problem(vllm_config.get("lora_config"), lora_rank, self.url)
+            if problem:
+                raise ValueError(f"vllm_lora='adapter': {problem}; or set vllm_lora='merge'.")
+            if process_rank() == 0:  # the process that feeds the shared engine
+                self._free_earlier_runs_adapters()
 
     def _has_tokens_route(self) -> bool:
         """Whether the server serves TOKENS_ROUTE. An empty body tells without generating: 422 (the route
@@ -100,9 +110,7 @@ class VLLMServerEngine(RolloutEngine):
         return self._names
 
     def prepare_for_weights(self) -> None:
-        if self._sender is None:
-            self._sender = self._connect()
-        self._call("POST", "/start_weight_update")
+        self._updating = False  # the weight update starts with the first bucket: an adapter-only sync has none
 
     def _connect(self) -> TrainerSender:
         """Open the transfer group (this process is rank 0, the server's workers 1..): both sides block until
@@ -120,6 +128,11 @@ class VLLMServerEngine(RolloutEngine):
     def load_weights(self, named_tensors) -> None:
         """One bucket (whole layers): the server learns names, dtypes and shapes, then receives the tensors."""
         named_tensors = vllm_bucket(self._meta, named_tensors, self._tied)
+        if not self._updating:
+            if self._sender is None:
+                self._sender = self._connect()
+            self._call("POST", "/start_weight_update")
+            self._updating = True
         with ThreadPoolExecutor(1) as pool:
             server_side = pool.submit(self._call, "POST", "/update_weights",
                                       {"update_info": update_info(named_tensors)})
@@ -131,8 +144,11 @@ class VLLMServerEngine(RolloutEngine):
             server_side.result()
 
     def finish_sync(self) -> None:
+        if not self._updating:  # only an adapter arrived: its new name keys its own prefix-cache blocks
+            return
         self._call("POST", "/finish_weight_update")  # the weights keep their label until label_weights
         self._call("POST", "/reset_prefix_cache")  # cached KV blocks were computed with the old weights
+        self._updating = False
 
     def label_weights(self, version: int) -> None:
         self._call("POST", "/update_weight_version", {"new_version": str(version)})
@@ -159,10 +175,71 @@ class VLLMServerEngine(RolloutEngine):
     def get_weights(self, names):
         raise NotImplementedError(NO_HF_WEIGHTS)
 
+    def load_adapter(self, tensors, config) -> int:
+        """The adapter to every worker (HTTP, vllm_lora.py), loaded by vLLM's /v1/load_lora_adapter under the next
+        version's name; the versions beyond `adapter_versions` are freed."""
+        from .vllm_lora import IN_MEMORY, adapter_name, encode_adapter
+
+        if not self.serves_adapters:
+            return super().load_adapter(tensors, config)
+        version, previous = self.adapter_version + 1, self.adapter_version
+        name = adapter_name(version)
+        self._call("POST", "/collective_rpc", {"method": "verl_hf_wait_adapter",
+                                                 "args": [name, encode_adapter(tensors), json.dumps(config)]})
+        try:
+            self._lora_call("/v1/load_lora_adapter", {"lora_name": name, "lora_path": IN_MEMORY})
+        except Exception:
+            self._call("POST", "/collective_rpc", {"method": "verl_hf_free_adapter", "args": [name]})  # not left waiting
+            raise
+        self.adapter_version = version
+        if previous:
+            self._free_adapter(adapter_name(previous))
+        return version
+
+    def _free_adapter(self, name: str) -> None:
+        self._lora_call("/v1/unload_lora_adapter", {"lora_name": name})
+        self._call("POST", "/collective_rpc", {"method": "verl_hf_free_adapter", "args": [name]})
+
+    def _free_earlier_runs_adapters(self) -> None:
+        """Versions an earlier run left on this server: vLLM would answer a name it knows with the old adapter."""
+        from .vllm_lora import adapter_name
+
+        for card in self._call("GET", "/v1/models")["data"]:
+            if card["id"].startswith(adapter_name(0)[:-1]):
+                self._free_adapter(card["id"])
+
+    def _lora_call(self, route: str, body: dict) -> None:
+        """vLLM's LoRA routes (plain-text answers); a server without them (no VLLM_ALLOW_RUNTIME_LORA_UPDATING)
+        answers 404 Not Found, an unknown adapter a 404 naming it."""
+        try:
+            server_call(self.url, "POST", route, body, self.timeout_s, text=True)
+        except RuntimeError as e:
+            if " with 404: " in str(e) and "Not Found" in str(e):
+                raise RuntimeError(f"The vLLM server at {self.url} has no {route} route: start it with "
+                                   f"VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (`verl-hf vllm-serve MODEL --lora-rank R` "
+                                   f"does).") from e
+            raise
+
+    def loaded_adapters(self) -> list[int]:
+        """The adapter ids the server's first worker holds now (bounded by `adapter_versions`)."""
+        return self._call("POST", "/collective_rpc", {"method": "verl_hf_loaded_adapters"})["results"][0]
+
+    def _model_for_requests(self) -> str:
+        """The adapter's name once one is loaded (the silent base-model fallback is an error); else the model's."""
+        if not self.serves_adapters:
+            return self.model_name
+        if not self.adapter_version:
+            raise RuntimeError("this vLLM server engine serves a LoRA adapter (vllm_lora='adapter') and none is "
+                               "loaded yet: it would sample from the base model. Sync the weights first.")
+        from .vllm_lora import adapter_name
+
+        return adapter_name(self.adapter_version)
+
     # ---------------------------------------------------------------- sampling
     def generate(self, prompt_ids: list[list[int]], params: SamplingConfig) -> Rollout:
         if not prompt_ids:
             raise ValueError("VLLMServerEngine.generate got no prompts.")
+        version = self.adapter_version  # what the requests name (a push never runs during a generation)
         requests = self._requests(prompt_ids, params)
         with ThreadPoolExecutor(min(64, len(requests))) as pool:
             choices = [c for answer in pool.map(self._choices, requests) for c in answer]
@@ -171,6 +248,7 @@ class VLLMServerEngine(RolloutEngine):
                                       params.num_return_sequences, self.pad_token_id, self.eos_token_ids)
         if self.tokens_route:
             rollout.versions = _token_versions(choices, rollout.response_mask)
+        rollout.adapter_version = version or None
         return rollout
 
     def _requests(self, prompt_ids: list[list[int]], params: SamplingConfig) -> list[dict]:
@@ -180,11 +258,12 @@ class VLLMServerEngine(RolloutEngine):
         # generation_config.json (e.g. a repetition_penalty), sampling off-policy.
         fields.update(NEUTRAL_SAMPLING)
         seeds = request_seeds(params, len(prompt_ids))
+        model = self._model_for_requests()
         if self.tokens_route:
             sampling = dict(fields, detokenize=False)
-            return [{"model": self.model_name, "token_ids": list(p), "sampling_params": dict(sampling, seed=s)}
+            return [{"model": model, "token_ids": list(p), "sampling_params": dict(sampling, seed=s)}
                     for p, s in zip(prompt_ids, seeds)]
-        base = dict(fields, model=self.model_name, return_token_ids=True, skip_special_tokens=False)
+        base = dict(fields, model=model, return_token_ids=True, skip_special_tokens=False)
         return [dict(base, prompt=list(p), seed=s) for p, s in zip(prompt_ids, seeds)]
 
     def _choices(self, request: dict) -> list[dict]:
@@ -214,14 +293,15 @@ class VLLMServerEngine(RolloutEngine):
 
 
 def server_call(url: str, method: str, route: str, body: dict | None, timeout_s: float,
-                fields: tuple[str, str] = ("vllm_server_url", "vllm_server_timeout_s")):
-    """The JSON answer of the server at `url` to `method route` with `body`; every failure names the server, what
-    it said, and the setting to change (`fields`: the URL's and the timeout's)."""
+                fields: tuple[str, str] = ("vllm_server_url", "vllm_server_timeout_s"), text: bool = False):
+    """The JSON answer of the server at `url` to `method route` with `body` (`text`: the answer as text); every
+    failure names the server, what it said, and the setting to change (`fields`: the URL's and the timeout's)."""
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url + route, data=data, method=method, headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return json.loads(response.read() or b"null")
+            answer = response.read() or b"null"
+        return answer.decode(errors="replace") if text else json.loads(answer)
     except urllib.error.HTTPError as e:
         said = e.read().decode(errors="replace")[:800]
         if e.code == 404 and route.split("?")[0] in ("/server_info", "/start_weight_update"):
@@ -308,6 +388,20 @@ def _check_server(model: dict, transfer: dict | None, max_model_len: int, url: s
         raise ValueError(f"The vLLM server at {url} has max_model_len={model['max_model_len']} but prompts + "
                          f"responses need {max_model_len} (max_prompt_length + max_response_length): restart it with "
                          f"--max-model-len {max_model_len} or shorten them.")
+
+
+ADAPTER_SLOTS = 2  # the version requests use, and the next, loaded before the old one is freed
+
+
+def server_lora_problem(lora: dict | None, rank: int, url: str) -> str:
+    """Why the server cannot serve an adapter of this rank ("" when it can): LoRA on, the rank fits, two slots."""
+    start = f"`verl-hf vllm-serve MODEL --lora-rank {rank}` starts it so"
+    if not lora:
+        return f"the vLLM server at {url} was started without LoRA ({start})"
+    if lora.get("max_lora_rank", 0) < rank or lora.get("max_loras", 0) < ADAPTER_SLOTS:
+        return (f"the vLLM server at {url} has max_lora_rank={lora.get('max_lora_rank')} and max_loras="
+                f"{lora.get('max_loras')}, and the adapter needs rank {rank} and {ADAPTER_SLOTS} slots ({start})")
+    return ""
 
 
 def _address_towards(url: str) -> str:

@@ -27,16 +27,23 @@ TRANSPORTS = ("nccl", GLOO_BACKEND)
 
 
 def register() -> None:
-    """vLLM plugin entry point (runs in every vLLM process): make `verl_hf_gloo` a weight-transfer backend, and
-    give the workers `verl_hf_parameter_names` (reached through the server's /collective_rpc route)."""
+    """vLLM plugin entry point (runs in every vLLM process): make `verl_hf_gloo` a weight-transfer backend, give
+    the workers `verl_hf_parameter_names` and the adapter methods (reached through the server's /collective_rpc
+    route), and let vLLM's adapter reader take adapters sent from memory (vllm_lora.py)."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
     from vllm.v1.worker.worker_base import WorkerBase
 
     from .vllm_compat import parameter_names
+    from .vllm_lora import (free_adapter_in_worker, install_in_worker_manager, loaded_adapters_in_worker,
+                            wait_adapter_in_worker)
 
     if GLOO_BACKEND not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine(GLOO_BACKEND, __name__, "GlooWeightTransferEngine")
     WorkerBase.verl_hf_parameter_names = parameter_names
+    WorkerBase.verl_hf_wait_adapter = wait_adapter_in_worker
+    WorkerBase.verl_hf_free_adapter = free_adapter_in_worker
+    WorkerBase.verl_hf_loaded_adapters = loaded_adapters_in_worker
+    install_in_worker_manager()
 
 
 def gloo_group(address: str, port: int, rank: int, world_size: int, timeout_s: float = 600.0):

@@ -204,9 +204,10 @@ def gather_dtensor(t, chunk_bytes: int = CHUNK_BYTES, dst: int | None = None):
 
 
 @contextlib.contextmanager
-def bucket_tensors(units: list[Unit], device, dst: int | None = None):
+def bucket_tensors(units: list[Unit], device, dst: int | None = None, merge_lora: bool = True):
     """(engine name, full tensor) pairs of a bucket, in unit order, valid inside the block. With `dst`, only
-    that rank gets the gathered tensors (the others get an empty list). ZeRO-3 partitions and FSDP2 DTensors
+    that rank gets the gathered tensors (the others get an empty list). `merge_lora=False`: a LoRA module gives
+    its base weight alone (an engine that serves the adapter itself, sync/adapter.py). ZeRO-3 partitions and FSDP2 DTensors
     are gathered chunk by chunk; ZeRO-3 LoRA modules and offloaded partitions go through DeepSpeed's
     GatheredParameters, which gathers on every rank."""
     direct = [u for u in units if not u.lora and u.params and all(_partition_gatherable(p) for _, p in u.params)]
@@ -220,10 +221,11 @@ def bucket_tensors(units: list[Unit], device, dst: int | None = None):
                 full = [gather_partitioned(p, device, dst=dst) for _, p in unit.params]
                 pairs += list(zip(unit.engine_names(), full)) if receives else []
             elif unit in sharded:  # FSDP2: a LoRA module is merged on its shards first, then gathered once
-                full = [(name, gather_dtensor(t, dst=dst) if is_dtensor(t) else t) for name, t in unit_tensors(unit)]
+                full = [(name, gather_dtensor(t, dst=dst) if is_dtensor(t) else t)
+                        for name, t in unit_tensors(unit, merge_lora)]
                 pairs += full if receives else []
             elif receives:
-                pairs += unit_tensors(unit)
+                pairs += unit_tensors(unit, merge_lora)
         try:
             yield pairs
         finally:
@@ -235,13 +237,14 @@ def gathered(units: list[Unit]):
     return gathered_params([p for u in units for _, p in u.params])
 
 
-def unit_tensors(unit: Unit) -> list[tuple[str, torch.Tensor]]:
-    """(engine name, full tensor) of a gathered unit; a LoRA module yields its merged weight and bias."""
+def unit_tensors(unit: Unit, merge_lora: bool = True) -> list[tuple[str, torch.Tensor]]:
+    """(engine name, full tensor) of a gathered unit; a LoRA module yields its merged weight and bias (its base
+    weight and bias with `merge_lora=False`)."""
     if not unit.lora:
         return list(zip(unit.engine_names(), (p.detach() for _, p in unit.params)))
     module, base = unit.module, unit.module.get_base_layer()
     weight = base.weight.detach()
-    if not module.disable_adapters and not module.merged:
+    if merge_lora and not module.disable_adapters and not module.merged:
         for adapter in module.active_adapters:
             if adapter not in module.lora_A.keys():
                 continue

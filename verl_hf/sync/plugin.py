@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..distributed import compute_device, full_tensor, process_rank
+from .adapter import adapter_tensors, check_only_the_adapter_trains
 from .gather import bucket_tensors, engine_names, gathered, plan_buckets, unit_tensors, weight_units
 from .memory import PeakMemory
 from .names import check_names
@@ -45,13 +46,18 @@ def _shared_failure(failure: Exception | None, owner_rank: int) -> Exception | N
 class WeightSync:
     """`owner_rank=None`: every process owns an engine (colocated engines) and receives full tensors;
     `owner_rank=r`: only process r does (e.g. one engine server): ZeRO-3 partitions are gathered to it alone,
-    and the other processes only send their shards."""
+    and the other processes only send their shards. `adapter_config` (an engine that `serves_adapters`; the
+    fields of sync/adapter.py's `vllm_adapter_config`): the first sync pushes the base weights, unmerged, and
+    every sync the LoRA adapter alone. Holds: whether the names were checked and the base pushed."""
 
-    def __init__(self, bucket_mb: float = 256.0, verify: bool = False, owner_rank: int | None = None):
+    def __init__(self, bucket_mb: float = 256.0, verify: bool = False, owner_rank: int | None = None,
+                 adapter_config: dict | None = None):
         if bucket_mb <= 0:
             raise ValueError(f"sync_bucket_mb must be > 0, got {bucket_mb}.")
         self.bucket_bytes, self.verify, self.owner_rank = int(bucket_mb * 2**20), verify, owner_rank
-        self._names_checked = False
+        self.adapter_config = adapter_config
+        self._names_checked = self._base_pushed = False
+        self._adapter_syncs = 0  # successful adapter pushes: the version a shared engine serves
 
     @property
     def owns_engine(self) -> bool:
@@ -64,9 +70,13 @@ class WeightSync:
         return cls(owner_rank=0 if engine.shared_by_processes else None, **kwargs)
 
     def sync(self, model: torch.nn.Module, engine: RolloutEngine) -> dict[str, float]:
-        """Push every weight of `model` into `engine`; returns `sync/*` metrics."""
+        """Push every weight of `model` into `engine` (an adapter-serving engine: the base once, then the adapter);
+        returns `sync/*` metrics."""
         units = weight_units(model)
-        buckets, self.bucket_bytes = plan_buckets(units, self.bucket_bytes)
+        whole = self.adapter_config is None or not self._base_pushed
+        if self.adapter_config is not None and whole:
+            check_only_the_adapter_trains(model)
+        buckets, self.bucket_bytes = plan_buckets(units, self.bucket_bytes) if whole else ([], self.bucket_bytes)
         device = compute_device(model)
         started = time.perf_counter()
         with PeakMemory(device) as peak:
@@ -80,6 +90,13 @@ class WeightSync:
         seconds = time.perf_counter() - started
         metrics = {"sync/seconds": seconds, "sync/gigabytes": pushed / 1e9, "sync/gb_per_s": pushed / 1e9 / max(seconds, 1e-9),
                    "sync/buckets": float(len(buckets))}
+        if self.adapter_config is not None:
+            self._base_pushed, self._adapter_syncs = True, self._adapter_syncs + 1
+            if not self.owns_engine:  # one shared engine: its owner loaded this version (one per successful sync)
+                engine.adapter_version = self._adapter_syncs
+            # what this sync gathered of the base: every weight on the first sync, never after it
+            metrics["sync/base_tensors"] = float(len(engine_names(units)) if whole else 0)
+            metrics["sync/adapter_version"] = float(engine.adapter_version)
         if peak.extra_bytes is not None:
             metrics["sync/peak_extra_mb"] = peak.extra_bytes / 2**20
         if self.verify:
@@ -98,8 +115,9 @@ class WeightSync:
                 engine.prepare_for_weights()
         except Exception as exc:  # noqa: BLE001 - raised by sync() after the collectives
             failure = exc
+        merge_lora = self.adapter_config is None  # an engine that serves the adapter gets the base unmerged
         for bucket in buckets:
-            with bucket_tensors(bucket, device, dst=self.owner_rank) as tensors:
+            with bucket_tensors(bucket, device, dst=self.owner_rank, merge_lora=merge_lora) as tensors:
                 if self.owns_engine and failure is None:
                     try:
                         pushed += push_bucket(engine, tensors)
@@ -110,7 +128,24 @@ class WeightSync:
                 engine.finish_sync()
             except Exception as exc:  # noqa: BLE001
                 failure = exc
+        if self.adapter_config is not None:  # after finish_sync: vLLM drops its adapters when base weights change
+            adapter_bytes, failure = self._push_adapter(units, engine, failure)
+            pushed += adapter_bytes
         return pushed, failure
+
+    def _push_adapter(self, units, engine, failure: Exception | None) -> tuple[int, Exception | None]:
+        """(bytes pushed, the first failure): the LoRA adapter's tensors into the engine as a new version. Every
+        process joins the gathers (ZeRO-3, FSDP2), also after a failure, as in `_push_all`."""
+        with adapter_tensors(units, dst=self.owner_rank) as tensors:
+            if not self.owns_engine or failure is not None:
+                return 0, failure
+            dtype = engine.dtype
+            cast = {n: t.to(dtype) if dtype is not None and t.dtype != dtype else t for n, t in tensors.items()}
+            try:
+                engine.load_adapter(cast, self.adapter_config)
+            except Exception as exc:  # noqa: BLE001 - raised by sync() after the collectives
+                return 0, exc
+            return sum(t.numel() * t.element_size() for t in cast.values()), None
 
     def check(self, model: torch.nn.Module, engine: RolloutEngine, buckets=None) -> None:
         """Compare the engine's weights with the training weights gathered by DeepSpeed's own
