@@ -33,7 +33,7 @@ def make_rollout_engine(model, tokenizer, args: VerlConfig, placement: Placement
                         adapter: dict | None = None) -> RolloutEngine:
     """The engine `args.rollout_engine` names, for the training `model` (possibly PEFT- or DeepSpeed-wrapped),
     in the run's `placement` (None: one process). 'auto' HF weights copy under ZeRO-3 and FSDP2. `adapter`: the
-    LoRA adapter colocated vLLM serves itself (trainer_setup.lora_serving), else None."""
+    LoRA adapter vLLM serves itself (adapter_setup.lora_serving), else None."""
     if args.rollout_engine == "vllm":
         return make_vllm_engine(model, tokenizer, args, adapter)
     if args.rollout_engine == "vllm_server":

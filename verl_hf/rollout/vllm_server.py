@@ -177,7 +177,7 @@ class VLLMServerEngine(RolloutEngine):
 
     def load_adapter(self, tensors, config) -> int:
         """The adapter to every worker (HTTP, vllm_lora.py), loaded by vLLM's /v1/load_lora_adapter under the next
-        version's name; the versions beyond `adapter_versions` are freed."""
+        version's name; the previous version is freed."""
         from .vllm_lora import IN_MEMORY, adapter_name, encode_adapter
 
         if not self.serves_adapters:
@@ -221,7 +221,7 @@ class VLLMServerEngine(RolloutEngine):
             raise
 
     def loaded_adapters(self) -> list[int]:
-        """The adapter ids the server's first worker holds now (bounded by `adapter_versions`)."""
+        """The adapter ids the server's first worker holds now (one between syncs)."""
         return self._call("POST", "/collective_rpc", {"method": "verl_hf_loaded_adapters"})["results"][0]
 
     def _model_for_requests(self) -> str:
