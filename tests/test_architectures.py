@@ -204,41 +204,49 @@ def test_moe_under_zero3_two_processes(zoo, tmp_path, engine):
     assert all(h["sync/gigabytes"] > 0 and abs(h["rollout_is/mismatch_k1"]) < MEAN_LOGPROB_BOUND for h in steps)
 
 
-def test_lora_adapter_through_the_vllm_server(zoo, tmp_path):
+@pytest.mark.parametrize("name", LORA)
+def test_lora_adapter_through_the_vllm_server(zoo, tmp_path, name):
     """`verl-hf vllm-serve --lora-rank 8`: each sync sends the adapter by HTTP, vLLM loads it as a new version under
-    its own LoRA API and the requests name it; the log-probs equal the PEFT forward within 1e-4 after every update,
-    and the server keeps one version loaded (max_staleness + 1), in its API and in its worker."""
+    its own LoRA API and the requests name it; the log-probs equal the PEFT forward within 1e-4 after every update
+    (Llama; Qwen3's attention and MLP; Phi-3's fused qkv_proj and gate_up_proj), and the server keeps one version
+    loaded (max_staleness + 1), in its API and in its worker."""
     import urllib.request
 
-    with vllm_server(zoo["llama"], tmp_path / "server.log", extra_args=["--lora-rank", "8"]) as url:
-        figures = check(zoo["llama"], tmp_path, rollout_engine="vllm_server", vllm_server_url=url,
-                        lora_targets=LORA["llama"], vllm_lora="adapter", max_steps=3)
+    with vllm_server(zoo[name], tmp_path / "server.log", extra_args=["--lora-rank", "8"]) as url:
+        figures = check(zoo[name], tmp_path, rollout_engine="vllm_server", vllm_server_url=url,
+                        lora_targets=LORA[name], vllm_lora="adapter", max_steps=3)
         request = urllib.request.Request(url + "/collective_rpc", data=json.dumps(
             {"method": "verl_hf_loaded_adapters"}).encode(), headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=60) as answer:
             loaded = json.loads(answer.read())["results"][0]
         with urllib.request.urlopen(url + "/v1/models", timeout=60) as answer:
             served = [m["id"] for m in json.loads(answer.read())["data"] if m["id"].startswith("verl_hf_v")]
-    assert_trained_and_equal(figures, "llama")
+    assert_trained_and_equal(figures, name)
     first, *later = figures["synced"]
     assert first["sync/base_tensors"] > 0 and len(later) == 2 and all(s["sync/base_tensors"] == 0 for s in later)
     assert all(s["sync/gigabytes"] < 0.03 * first["sync/gigabytes"] for s in later), figures["synced"]
     assert len(loaded) == 1 and served == ["verl_hf_v4"], (loaded, served)  # 3 steps + the check's own sync
 
 
-def test_lora_adapter_under_zero3_two_processes(zoo, tmp_path):
-    """`accelerate launch` with the ready ZeRO-3 config, 2 processes, a LoRA Llama served to each process's colocated
-    vLLM as an adapter: the first sync gathers the partitioned base once, every later sync only the adapter (no
-    base weight, a few percent of the bytes), and the engines' log-probs match the trainer's (k1 within fp32)."""
+@pytest.mark.parametrize("sharding", ["zero3", "fsdp2"])
+def test_lora_adapter_from_sharded_bases_two_processes(zoo, tmp_path, sharding):
+    """`accelerate launch` with the ready ZeRO-3 or FSDP2 config, 2 processes, a LoRA Llama served to each process's
+    colocated vLLM as an adapter: the first sync gathers the sharded base once, every later sync only the adapter
+    (no base weight), and the engines' log-probs match the trainer's (k1 within fp32). Counted twice: by the sync's
+    own metrics and, independently, by the bytes each process received through collectives during each sync
+    (tests/gather_counter.py: torch.distributed's gathers, DeepSpeed's all-gather, DTensor's full_tensor)."""
+    from gather_counter import SCRIPT
     from test_distributed import MODES, _run, _two_processes
+    from test_fsdp2 import FSDP2
 
-    out = tmp_path / "zero3_lora_adapter"
+    out = tmp_path / f"{sharding}_lora_adapter"
     flags = ["--model_name_or_path", zoo["llama"], "--max_steps", "3", "--per_device_train_batch_size", "16",
              "--use_cpu", "false", "--rollout_engine", "vllm", "--vllm_lora", "adapter", "--rollout_is", "token",
              "--use_peft", "true", "--lora_r", "8", "--lora_target_modules", "q_proj", "v_proj", "gate_proj",
              "--learning_rate", "1e-3", "--reward_funcs", f"{HERE / 'architectures.py'}:digit_share",
              "--reward_weights", "1.0", "--eval_strategy", "no", "--save_strategy", "no"]
-    _run(tmp_path, _two_processes(MODES["zero3"]), out, flags)
+    _run(tmp_path, _two_processes(MODES["zero3"] if sharding == "zero3" else FSDP2), out, flags,
+         script=SCRIPT.format(tests=str(HERE)))
     steps = [h for h in json.loads((out / "log_history.json").read_text()) if "sync/gigabytes" in h]
     first, *later = steps
     assert len(later) == 2 and first["sync/base_tensors"] > 0 and all(h["sync/base_tensors"] == 0 for h in later)
@@ -248,6 +256,13 @@ def test_lora_adapter_under_zero3_two_processes(zoo, tmp_path):
     versions = [h["sync/adapter_version"] for h in steps]  # the first log also has the sync of the evaluation before
     assert versions == sorted(set(versions)), versions
     assert all(abs(h["rollout_is/mismatch_k1"]) < MEAN_LOGPROB_BOUND for h in steps), steps
+    base_bytes = first["sync/gigabytes"] * 1e9 - adapter_bytes  # the first sync pushed the base and the adapter
+    for rank in (0, 1):
+        received = json.loads((out / f"gathers{rank}.json").read_text())
+        # the counter sees the base's gathers (the first sync), and no later sync receives a base weight's bytes
+        # (ZeRO-3 keeps parameters this small whole on every process once training has traced them: 0 bytes)
+        assert len(received) >= 3 and received[0] >= base_bytes / 2, (rank, received, base_bytes)
+        assert all(r <= 2 * adapter_bytes for r in received[1:]), (rank, received, adapter_bytes)
 
 
 def test_moe_synced_in_small_buckets(zoo, tmp_path):

@@ -48,9 +48,9 @@ MODEL_BYTES = 535_936 * 4  # the demo model's parameters (tied embedding counted
 
 
 def _run(tmp_path, launcher: list[str], out: Path, flags: list[str], env_extra: dict | None = None,
-         config: str = "demo.yaml") -> None:
-    """`config` (in examples/configs/) trained under `launcher`, with `flags` on top."""
-    result = _launched(tmp_path, launcher, out, flags, env_extra, config)
+         config: str = "demo.yaml", script: str = SCRIPT) -> None:
+    """`config` (in examples/configs/) trained under `launcher` by `script`, with `flags` on top."""
+    result = _launched(tmp_path, launcher, out, flags, env_extra, config, script=script)
     noise = ("FutureWarning", "return func(", "RL: ", "Loading weights")
     errors = "\n".join(line for line in result.stderr.splitlines() if line.strip() and not line.lstrip().startswith(noise)
                        and not any(n in line for n in noise[:1]))
@@ -58,10 +58,10 @@ def _run(tmp_path, launcher: list[str], out: Path, flags: list[str], env_extra: 
 
 
 def _launched(tmp_path, launcher: list[str], out: Path, flags: list[str], env_extra: dict | None = None,
-              config: str = "demo.yaml", timeout: int = 900) -> subprocess.CompletedProcess:
-    """The finished launch of `config` under `launcher`, with `flags` on top, whatever its exit."""
-    script = tmp_path / "run.py"
-    script.write_text(SCRIPT)
+              config: str = "demo.yaml", timeout: int = 900, script: str = SCRIPT) -> subprocess.CompletedProcess:
+    """The finished launch of `config` under `launcher` by `script`, with `flags` on top, whatever its exit."""
+    text, script = script, tmp_path / "run.py"
+    script.write_text(text)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **(env_extra or {})}
     cmd = [sys.executable, *launcher, str(script), str(REPO / "examples/configs" / config), "--output_dir", str(out),
            "--per_device_eval_batch_size", "64", "--logging_steps", "1", "--bf16", "false", *flags]  # fp32: compared exactly

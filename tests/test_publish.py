@@ -88,7 +88,8 @@ def test_push_to_hub_uploads_the_actor_config_and_card(tmp_path, warm_start_dir,
 
 
 def test_peft_actor_saves_adapter_or_merged_model(tmp_path, warm_start_dir, addition):
-    from peft import LoraConfig
+    """Either save reloads with transformers / peft alone to the trained model's logits (atol 1e-5)."""
+    from peft import LoraConfig, PeftModel
     from transformers import AutoModelForCausalLM
 
     lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
@@ -100,14 +101,21 @@ def test_peft_actor_saves_adapter_or_merged_model(tmp_path, warm_start_dir, addi
         trainer.save_model()
         saved = set(p.name for p in (out / "out").iterdir())
         assert "verl_config.json" in saved
-        if not merged:
-            assert {"adapter_config.json", "adapter_model.safetensors"} <= saved
-            continue
-        assert "model.safetensors" in saved and "adapter_config.json" not in saved
-        plain = AutoModelForCausalLM.from_pretrained(out / "out")
         ids = torch.tensor([[5, 6, 7, 8, 9]])
         with torch.no_grad():
             expected = trainer.accelerator.unwrap_model(trainer.model)(input_ids=ids).logits
+        if not merged:  # the adapter alone, on the base it was trained from: the trained model's logits
+            assert {"adapter_config.json", "adapter_model.safetensors"} <= saved
+            reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(warm_start_dir), out / "out")
+            with torch.no_grad():
+                logits = reloaded(input_ids=ids).logits
+                assert torch.allclose(logits, expected, atol=1e-5)
+                with reloaded.disable_adapter():  # and the adapter is what makes them
+                    assert not torch.allclose(logits, reloaded(input_ids=ids).logits, atol=1e-3)
+            continue
+        assert "model.safetensors" in saved and "adapter_config.json" not in saved
+        plain = AutoModelForCausalLM.from_pretrained(out / "out")
+        with torch.no_grad():
             assert torch.allclose(plain(input_ids=ids).logits, expected, atol=1e-5)
         card_info = json.loads((out / "out" / "verl_config.json").read_text())
         assert card_info["peft"] is False  # merged: loads as a plain transformers model

@@ -140,6 +140,15 @@ def test_vllm_lora_without_vllm_or_without_lora_is_refused(tmp_path, warm_start_
         VerlTrainer(model=warm_start_dir, args=args, train_dataset=addition[0])
 
 
+def test_an_adapter_engine_that_sleeps_is_refused_before_vllm_starts(warm_start_dir):
+    from transformers import AutoConfig
+
+    from verl_hf.rollout.vllm_engine import VLLMEngine
+
+    with pytest.raises(ValueError, match="VLLMEngine\\(lora_rank=8, sleep_level=1\\).*use sleep_level=0"):
+        VLLMEngine(AutoConfig.from_pretrained(warm_start_dir), 0, [1], max_model_len=64, lora_rank=8, sleep_level=1)
+
+
 def test_a_trainable_weight_outside_the_adapter_is_refused(warm_start_dir):
     """The base is pushed once: an unfrozen norm would go stale in the engine."""
     from peft import get_peft_model

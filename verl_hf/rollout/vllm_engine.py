@@ -54,6 +54,10 @@ class VLLMEngine(RolloutEngine):
         if limit is not None and max_model_len > limit:
             raise ValueError(f"vllm_max_model_len={max_model_len} (default max_prompt_length + max_response_length) "
                              f"exceeds the model's max_position_embeddings={limit}; shorten prompts or responses.")
+        if lora_rank and sleep_level:
+            raise ValueError(f"VLLMEngine(lora_rank={lora_rank}, sleep_level={sleep_level}): whether vLLM's sleep keeps "
+                             f"the base weights and the loaded adapter is not measured (level 2 drops the weights, "
+                             f"and the base is pushed once); use sleep_level=0 with an adapter, or merge it.")
         vllm = import_vllm()
         if not torch.cuda.is_available():  # vLLM's bf16 CPU attention uses AMX without asking (rollout/amx.py)
             require_amx_for(str(dtype).removeprefix("torch."), "Sample in float32: VerlConfig(rollout_dtype="
@@ -180,12 +184,9 @@ class VLLMEngine(RolloutEngine):
         that serves adapters never samples from the base alone (the silent fallback of verl #3821)."""
         if not self.serves_adapters:
             return None
-        if not self.adapter_version:
-            raise RuntimeError("this vLLM engine serves a LoRA adapter (vllm_lora='adapter') and none is loaded yet: "
-                               "it would sample from the base model. Sync the weights first (Actor.sync_weights()).")
-        from .vllm_lora import adapter_request
+        from .vllm_lora import adapter_request, latest_version
 
-        return adapter_request(self.adapter_version)
+        return adapter_request(latest_version(self))
 
 
 

@@ -26,6 +26,16 @@ def adapter_name(version: int) -> str:
     return f"verl_hf_v{version}"
 
 
+def latest_version(engine) -> int:
+    """The adapter version an adapter-serving `engine` samples with; an error before the first (it would sample
+    from the base model alone: the silent fallback of verl #3821 and ms-swift #9855)."""
+    if not engine.adapter_version:
+        raise RuntimeError(f"this {type(engine).__name__} serves a LoRA adapter (vllm_lora='adapter') and none is "
+                           f"loaded yet: it would sample from the base model. Sync the weights first "
+                           f"(Actor.sync_weights()).")
+    return engine.adapter_version
+
+
 def adapter_request(version: int):
     """The LoRARequest that samples with adapter `version` (loaded by `add_adapter_in_worker`)."""
     from vllm.lora.request import LoRARequest

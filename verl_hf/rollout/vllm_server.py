@@ -65,7 +65,7 @@ class VLLMServerEngine(RolloutEngine):
         self._meta = hf_meta_model(config)
         self._names, tied = hf_weight_names(self._meta)
         self._tied = self._tied_copies_it_has(tied)
-        self._sender, self._updating = None, False
+        self._sender = None
         self.tokens_route = self._has_tokens_route()
         self.serves_adapters, self.adapter_version = bool(lora_rank), 0
         if lora_rank:
@@ -110,7 +110,9 @@ class VLLMServerEngine(RolloutEngine):
         return self._names
 
     def prepare_for_weights(self) -> None:
-        self._updating = False  # the weight update starts with the first bucket: an adapter-only sync has none
+        if self._sender is None:
+            self._sender = self._connect()
+        self._call("POST", "/start_weight_update")
 
     def _connect(self) -> TrainerSender:
         """Open the transfer group (this process is rank 0, the server's workers 1..): both sides block until
@@ -128,11 +130,6 @@ class VLLMServerEngine(RolloutEngine):
     def load_weights(self, named_tensors) -> None:
         """One bucket (whole layers): the server learns names, dtypes and shapes, then receives the tensors."""
         named_tensors = vllm_bucket(self._meta, named_tensors, self._tied)
-        if not self._updating:
-            if self._sender is None:
-                self._sender = self._connect()
-            self._call("POST", "/start_weight_update")
-            self._updating = True
         with ThreadPoolExecutor(1) as pool:
             server_side = pool.submit(self._call, "POST", "/update_weights",
                                       {"update_info": update_info(named_tensors)})
@@ -144,11 +141,8 @@ class VLLMServerEngine(RolloutEngine):
             server_side.result()
 
     def finish_sync(self) -> None:
-        if not self._updating:  # only an adapter arrived: its new name keys its own prefix-cache blocks
-            return
         self._call("POST", "/finish_weight_update")  # the weights keep their label until label_weights
         self._call("POST", "/reset_prefix_cache")  # cached KV blocks were computed with the old weights
-        self._updating = False
 
     def label_weights(self, version: int) -> None:
         self._call("POST", "/update_weight_version", {"new_version": str(version)})
@@ -189,7 +183,7 @@ class VLLMServerEngine(RolloutEngine):
         try:
             self._lora_call("/v1/load_lora_adapter", {"lora_name": name, "lora_path": IN_MEMORY})
         except Exception:
-            self._call("POST", "/collective_rpc", {"method": "verl_hf_free_adapter", "args": [name]})  # not left waiting
+            self._free_in_workers(name)  # not left waiting
             raise
         self.adapter_version = version
         if previous:
@@ -198,6 +192,10 @@ class VLLMServerEngine(RolloutEngine):
 
     def _free_adapter(self, name: str) -> None:
         self._lora_call("/v1/unload_lora_adapter", {"lora_name": name})
+        self._free_in_workers(name)
+
+    def _free_in_workers(self, name: str) -> None:
+        """The adapter `name` out of every worker, loaded or still waiting (vllm_lora.py)."""
         self._call("POST", "/collective_rpc", {"method": "verl_hf_free_adapter", "args": [name]})
 
     def _free_earlier_runs_adapters(self) -> None:
@@ -228,12 +226,9 @@ class VLLMServerEngine(RolloutEngine):
         """The adapter's name once one is loaded (the silent base-model fallback is an error); else the model's."""
         if not self.serves_adapters:
             return self.model_name
-        if not self.adapter_version:
-            raise RuntimeError("this vLLM server engine serves a LoRA adapter (vllm_lora='adapter') and none is "
-                               "loaded yet: it would sample from the base model. Sync the weights first.")
-        from .vllm_lora import adapter_name
+        from .vllm_lora import adapter_name, latest_version
 
-        return adapter_name(self.adapter_version)
+        return adapter_name(latest_version(self))
 
     # ---------------------------------------------------------------- sampling
     def generate(self, prompt_ids: list[list[int]], params: SamplingConfig) -> Rollout:

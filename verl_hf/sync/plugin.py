@@ -107,6 +107,17 @@ class WeightSync:
         """(bytes pushed, the exception that stopped the pushing). A failed push must not leave the other
         processes waiting in the next gather: the owner keeps joining every gather and reports at the end."""
         pushed, failure = 0, None
+        if buckets:  # an adapter-only sync leaves the base and its cached KV alone: the new version has its own
+            pushed, failure = self._push_buckets(units, buckets, device, engine)
+        if self.adapter_config is not None:  # after finish_sync: vLLM drops its adapters when base weights change
+            adapter_bytes, failure = self._push_adapter(units, engine, failure)
+            pushed += adapter_bytes
+        return pushed, failure
+
+    def _push_buckets(self, units, buckets, device, engine) -> tuple[int, Exception | None]:
+        """(bytes pushed, the first failure): the weights in buckets, between the engine's prepare_for_weights
+        and finish_sync."""
+        pushed, failure = 0, None
         try:
             if self.owns_engine:
                 if not self._names_checked:
@@ -128,9 +139,6 @@ class WeightSync:
                 engine.finish_sync()
             except Exception as exc:  # noqa: BLE001
                 failure = exc
-        if self.adapter_config is not None:  # after finish_sync: vLLM drops its adapters when base weights change
-            adapter_bytes, failure = self._push_adapter(units, engine, failure)
-            pushed += adapter_bytes
         return pushed, failure
 
     def _push_adapter(self, units, engine, failure: Exception | None) -> tuple[int, Exception | None]:
