@@ -16,9 +16,12 @@ import torch
 from architectures import CHATML_TOOLS, build, build_tokenizer
 
 
-def conversation(a: int, b: int) -> list[dict]:
-    return [{"role": "user", "content": f"What is {a} plus {b}?"}, {"role": "assistant", "content": str(a + b)},
-            {"role": "tool", "content": str(a + b)}, {"role": "assistant", "content": f"{a + b}."}]
+def conversation(a: int, b: int, thinking: bool = False) -> list[dict]:
+    """A question, an answer, the tool's echo of it, the answer again; `thinking`: each assistant turn opens with
+    its reasoning in a Qwen3 think block."""
+    think = f"<think>\n{a} plus {b}\n</think>\n\n" if thinking else ""
+    return [{"role": "user", "content": f"What is {a} plus {b}?"}, {"role": "assistant", "content": think + str(a + b)},
+            {"role": "tool", "content": str(a + b)}, {"role": "assistant", "content": f"{think}{a + b}."}]
 
 
 def prompts(num: int, seed: int) -> list[list[dict]]:
@@ -26,30 +29,39 @@ def prompts(num: int, seed: int) -> list[list[dict]]:
     return [conversation(rng.randint(10, 99), rng.randint(10, 99))[:1] for _ in range(num)]
 
 
-def _training_rows(tokenizer, num: int, seed: int):
-    """(ids, loss mask) of whole conversations: the loss on the assistant's turns only."""
+def _training_rows(tokenizer, num: int, seed: int, thinking: bool = False):
+    """(ids, loss mask) of whole conversations: the loss on the assistant's turns only. `thinking` (Qwen3): every
+    other conversation thinks before each turn, the others are rendered with enable_thinking=false (the empty
+    think block before each turn), so one model serves both settings."""
     rng, rows = random.Random(seed), []
-    for _ in range(num):
-        messages = conversation(rng.randint(10, 99), rng.randint(10, 99))
+    for i in range(num):
+        thinks = thinking and i % 2 == 0
+        messages = conversation(rng.randint(10, 99), rng.randint(10, 99), thinks)
+        options = {"enable_thinking": False} if thinking and not thinks else {}
         ids, mask = [], []
         for end in range(1, len(messages) + 1):
-            text = tokenizer.apply_chat_template(messages[:end], tokenize=False)
+            text = tokenizer.apply_chat_template(messages[:end], tokenize=False, **options)
             new = tokenizer(text, add_special_tokens=False).input_ids[len(ids):]
             ids, mask = ids + new, mask + [int(messages[end - 1]["role"] == "assistant")] * len(new)
         rows.append((ids, mask))
     return rows
 
 
-def build_tool_model(directory: Path, steps: int = 60, architecture: str = "llama") -> str:
+def build_tool_model(directory: Path, steps: int = 60, architecture: str = "llama", chat_template: str | None = None,
+                     thinking: bool = False) -> str:
     """Train and save a tiny model of `architecture` (tests/architectures.py) and its tokenizer under
-    directory/<architecture>; returns the path."""
+    directory/<architecture>; returns the path. `chat_template`: a template shipped with verl_hf in place of
+    CHATML_TOOLS; `thinking` (Qwen3): taught both to think before each turn and to answer after the empty think
+    block of enable_thinking=false."""
     from transformers import AutoModelForCausalLM
 
+    from verl_hf.agent.templates import template_text
+
     tokenizer = build_tokenizer()
-    tokenizer.chat_template = CHATML_TOOLS
+    tokenizer.chat_template = template_text(chat_template) if chat_template else CHATML_TOOLS
     path = Path(build(architecture, directory, tokenizer))
     model = AutoModelForCausalLM.from_pretrained(path)
-    rows = _training_rows(tokenizer, 256, seed=0)
+    rows = _training_rows(tokenizer, 256, seed=0, thinking=thinking)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     generator = random.Random(1)
     for _ in range(steps):
@@ -132,18 +144,20 @@ def recorded(engine):
         del engine.generate  # the class's method again
 
 
-def three_turns(actor, tokenizer) -> dict:
+def three_turns(actor, tokenizer, max_new_tokens: int = 16, budget: int = 160) -> dict:
     """8 echo conversations (4 prompts x 2) of three turns through `actor.generate_conversations` on the
     actor's engine, and what `assert_three_turns` checks, as plain values (a colocated vLLM engine runs in a
     process of its own and sends them back as JSON)."""
     rows = chat_rows(tokenizer)
     with recorded(actor.engine) as calls:
-        batch, metrics = actor.generate_conversations(echo_rollout(tokenizer), rows, max_new_tokens=16,
+        batch, metrics = actor.generate_conversations(echo_rollout(tokenizer, max_tokens=budget), rows,
+                                                      max_new_tokens=max_new_tokens,
                                                       num_return_sequences=2, seed=0)
     model_tokens, env = batch.response_mask.bool(), batch.env_mask.bool()
     gap = (actor.get_logprobs(batch) - batch.rollout_logprobs)[model_tokens].abs().max().item()
     conversations = [_conversation(batch, row, rows[row // 2], calls, tokenizer) for row in range(len(batch))]
-    return dict(metrics=metrics, logprob_gap=gap, model_tokens=int(model_tokens.sum()),
+    responses = [batch.response_ids[r][batch.response_attention_mask[r].bool()].tolist() for r in range(len(batch))]
+    return dict(metrics=metrics, logprob_gap=gap, model_tokens=int(model_tokens.sum()), responses=responses,
                 env_logprob_max=batch.rollout_logprobs[env].abs().max().item(), conversations=conversations)
 
 
@@ -182,13 +196,15 @@ def assert_three_turns(figures: dict, every_sample: bool = True) -> None:
     """Every conversation ran three turns and each turn is token in, token out (see `_conversation`); the
     tool tokens have log-prob 0 and the model's equal the trainer's within 1e-4. Without `every_sample` (a
     model that sometimes runs on to its turn's token limit) a conversation may stop early, ending in an
-    unfinished turn, but most reach three turns and every turn that happened holds the same checks."""
+    unfinished turn or at the sample's token budget, but most reach three turns and every turn that happened
+    holds the same checks."""
     metrics = figures["metrics"]
     if every_sample:  # the last turn is answered too (its calls run), with nothing appended after it
         assert metrics["turns/mean"] == 3.0 and metrics["stop/max_turns"] == 1.0 and \
             metrics["tool_calls/mean"] == 3.0, metrics
     else:
-        assert metrics["stop/max_turns"] >= 0.5 and metrics["stop/max_turns"] + metrics["stop/length"] == 1.0, metrics
+        ended = metrics["stop/max_turns"] + metrics["stop/length"] + metrics["stop/budget"]
+        assert metrics["stop/max_turns"] >= 0.5 and ended == 1.0, metrics
     for c in figures["conversations"]:
         turns = len(c["sent"])
         assert c["segments"] == [1, 0, 1, 0, 1][:2 * turns - 1], c  # model, tool, model, tool, model

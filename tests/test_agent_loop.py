@@ -49,6 +49,35 @@ def test_three_turns_on_other_architectures(architecture, tmp_path):
     assert_three_turns(three_turns(actor, actor.tokenizer), every_sample=False)
 
 
+@pytest.fixture(scope="module")
+def qwen3_thinking_model(tmp_path_factory) -> str:
+    """A tiny Qwen3 with chat_template='qwen3_multiturn', taught to think before each turn and to answer after
+    enable_thinking=false's empty think block."""
+    from agent_model import build_tool_model
+
+    return build_tool_model(tmp_path_factory.mktemp("qwen3"), steps=100, architecture="qwen3",
+                            chat_template="qwen3_multiturn", thinking=True)
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+def test_three_turns_on_qwen3_with_its_multiturn_template(thinking, qwen3_thinking_model):
+    """chat_template='qwen3_multiturn' on a Qwen3 that thinks before each turn (or with enable_thinking=false: the
+    empty think block before each turn): three turns token in, token out, each turn's thinking kept in the
+    conversation as sampled, and sampling log-probs equal to the trainer's forward within 1e-4."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from verl_hf.agent.templates import put_chat_template
+
+    tokenizer = AutoTokenizer.from_pretrained(qwen3_thinking_model)
+    put_chat_template(tokenizer, None, None if thinking else {"enable_thinking": False})
+    actor = Actor(AutoModelForCausalLM.from_pretrained(qwen3_thinking_model), tokenizer)
+    figures = three_turns(actor, actor.tokenizer, max_new_tokens=48 if thinking else 16, budget=230)
+    assert_three_turns(figures, every_sample=False)
+    texts = [actor.tokenizer.decode(ids) for ids in figures["responses"]]
+    blocks = "<think>\n\n</think>\n\n" if not thinking else "</think>"
+    assert sum(t.count(blocks) >= 2 for t in texts) >= len(texts) // 2, texts  # kept in every later turn
+
+
 def test_environment_tokens_get_no_gradient(tool_model):
     """The loss reads model tokens only: its gradient at environment positions is exactly zero, and with a
     conversation cut after its first tool answer, changing that answer's ids leaves every weight's gradient

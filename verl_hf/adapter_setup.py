@@ -29,15 +29,16 @@ CPU_LORA_KERNELS = ("on a machine without a GPU vLLM's LoRA kernels generate at 
 
 def _server_without_adapters(args: VerlConfig, lora) -> str:
     """Why the vLLM server cannot serve the adapter ("" when it can): asked of the server itself."""
-    from .rollout.vllm_server import server_call, server_lora_problem
+    from .rollout.vllm_server import server_call, server_lora_problem, server_lora_routes_problem
     from .sync.adapter import engine_lora_rank, vllm_adapter_config
 
     if args.partial_rollouts:
         return "partial_rollouts continue a response with new weights, and a request keeps its adapter version"
     info = server_call(args.vllm_server_url.rstrip("/"), "GET", "/server_info?config_format=json", None,
                        args.vllm_server_timeout_s)
-    return server_lora_problem(info["vllm_config"].get("lora_config"), engine_lora_rank(vllm_adapter_config(lora)),
-                               args.vllm_server_url)
+    url = args.vllm_server_url.rstrip("/")
+    return (server_lora_problem(info["vllm_config"].get("lora_config"), engine_lora_rank(vllm_adapter_config(lora)),
+                                url) or server_lora_routes_problem(url, args.vllm_server_timeout_s))
 
 
 def lora_serving(args: VerlConfig, lora) -> dict | None:

@@ -36,6 +36,9 @@ class RolloutBatch:
     # (B, Lr) long: the optimizer steps the weights that sampled each token had seen, from an engine that labels
     # its weights (asynchronous training with partial rollouts: a row may span several); None: not recorded.
     rollout_versions: torch.Tensor | None = None
+    # (B,) long: the LoRA adapter version that sampled each row, from an engine that serves the adapter
+    # (vllm_lora='adapter'); None: merged weights or no LoRA.
+    adapter_versions: torch.Tensor | None = None
     # MoE routing replay (verl_hf/routing.py): int16 expert ids per token and MoE layer, -1 = route live.
     prompt_routes: torch.Tensor | None = None  # (B, Lp, L, k)
     response_routes: torch.Tensor | None = None  # (B, Lr, L, k)

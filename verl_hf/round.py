@@ -129,6 +129,8 @@ class RoundBuilder:
             "response_length/truncated_frac": batch.truncated.float().mean().item(),
             "rollout/tokens_per_s": lengths.sum().item() / max(clock.seconds, 1e-9),
         })
+        if batch.adapter_versions is not None and len(batch):  # which LoRA adapter version sampled the round
+            metrics.record({"rollout/adapter_version": batch.adapter_versions.max().item()})
         return batch
 
     def score(self, batch: RolloutBatch, metrics: MetricBuffer | None = None) -> RolloutBatch:

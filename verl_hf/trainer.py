@@ -97,7 +97,7 @@ class VerlTrainer(Trainer):
         self.reward_funcs, self.reward_weights = setup.resolve_rewards(args, reward_funcs, reward_model, environment,
                                                                        teacher)
         tokenizer = setup.load_tokenizer(
-            setup.one_of_aliases("processing_class", processing_class, "tokenizer", tokenizer), model)
+            setup.one_of_aliases("processing_class", processing_class, "tokenizer", tokenizer), model, args)
         teacher = check_teacher(teacher, args, tokenizer, model)  # the ids it shares with the student
         self.multi_turn = setup.make_multi_turn(args, tools, environment, tokenizer)  # None: one turn per sample
         train_dataset, eval_dataset = prepare_datasets(train_dataset, eval_dataset, tokenizer, args, self.multi_turn)

@@ -261,7 +261,10 @@ def check_vocabulary(tokenizer, model, train_dataset=None) -> None:
                          f"model.resize_token_embeddings(len(tokenizer)) before training.")
 
 
-def load_tokenizer(tokenizer, model):
+def load_tokenizer(tokenizer, model, args: VerlConfig):
+    """The tokenizer given, or the model's; with `args.chat_template` / `chat_template_kwargs` put on it."""
+    from .agent.templates import put_chat_template
+
     if tokenizer is None:
         path = policy_path(model)
         if not path:
@@ -272,6 +275,7 @@ def load_tokenizer(tokenizer, model):
             raise ValueError("the tokenizer has neither a pad nor an EOS token; set tokenizer.pad_token.")
         logger.warning(f"the tokenizer has no pad token; using its EOS token {tokenizer.eos_token!r} for padding.")
         tokenizer.pad_token = tokenizer.eos_token
+    put_chat_template(tokenizer, args.chat_template, args.chat_template_kwargs)
     return tokenizer
 
 

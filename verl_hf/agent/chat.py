@@ -58,14 +58,35 @@ def _mismatch(what: str, expected_prefix: str, rendered: str) -> str:
             f"(they differ at character {at}, after {expected_prefix[start:at]!r}: expected "
             f"{expected_prefix[at:at + 40]!r}, got {rendered[at:at + 40]!r}). Multi-turn training keeps the "
             f"sampled ids, so the template must render earlier turns the same whatever follows them (Qwen3's "
-            f"adds an empty <think> block to the last assistant turn only, and drops earlier reasoning); pass a "
-            f"tokenizer with such a template.")
+            f"adds an empty <think> block to the last assistant turn only, and drops earlier reasoning); set "
+            f"chat_template to one that does (your .jinja file), or pass a tokenizer with such a template.")
+
+
+def _template_that_works(tokenizer) -> str:
+    """The shipped template (agent/templates.py) for the family whose stock template was refused, or ""."""
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
+    if "<|im_start|>" in template and "<think>" in template:
+        return (" For Qwen3-family models set chat_template='qwen3_multiturn' (shipped with verl_hf: every turn "
+                "rendered as sampled, thinking kept; chat_template_kwargs={'enable_thinking': False} turns thinking "
+                "off).")
+    return ""
 
 
 def check_extendable(tokenizer, tools: list[dict] | None = None) -> None:
     """Refuse, before any training, a tokenizer without a chat template, a template that ignores `tools`,
     or one that cannot be extended by suffix (tried on a short conversation: with tools a tool reply,
-    without them a user reply, whose turn text has the spaces some templates trim)."""
+    without them a user reply, whose turn text has the spaces some templates trim), naming the shipped template
+    that works where there is one."""
+    try:
+        _check_extendable(tokenizer, tools)
+    except ChatTemplateError as exc:
+        offer = _template_that_works(tokenizer)
+        if not offer:
+            raise
+        raise ChatTemplateError(f"{exc}{offer}") from exc.__cause__
+
+
+def _check_extendable(tokenizer, tools: list[dict] | None) -> None:
     if getattr(tokenizer, "chat_template", None) is None:
         raise ChatTemplateError("multi-turn rollouts need a tokenizer with a chat template (tokenizer.chat_template "
                                 "is None).")

@@ -62,8 +62,9 @@ class VerlConfig(EvaluationFields, CriticFields, DistillFields, KLFields, Algori
     def __post_init__(self):
         # Rollout rows are raw dataset rows (reward functions read their columns): never drop columns.
         self.remove_unused_columns = False
-        if isinstance(self.data_key_map, str):
-            self.data_key_map = parse_json_dict("data_key_map", self.data_key_map)
+        for name in ("data_key_map", "chat_template_kwargs"):
+            if isinstance(getattr(self, name), str):
+                setattr(self, name, parse_json_dict(name, getattr(self, name)))
         for resolve in (resolve_algorithm, resolve_rewards, resolve_multi_turn, resolve_safety, resolve_bf16,
                         resolve_rollout_engine):
             resolve(self)

@@ -170,11 +170,15 @@ def raise_first_failed(cfg, checks: list[tuple[str, bool, str]]) -> None:
             raise ValueError(f"{name}={getattr(cfg, name)!r} {fix}.")
 
 
+JSON_EXAMPLES = {"data_key_map": '{"prompt": "question"}', "chat_template_kwargs": '{"enable_thinking": false}'}
+
+
 def parse_json_dict(name: str, text: str) -> dict:
+    example = JSON_EXAMPLES.get(name, '{"key": "value"}')
     try:
         value = json.loads(text)
     except json.JSONDecodeError as err:
-        raise ValueError(f"{name}={text!r} is not valid JSON ({err}); write it as '{{\"prompt\": \"question\"}}'.") from err
+        raise ValueError(f"{name}={text!r} is not valid JSON ({err}); write it as '{example}'.") from err
     if not isinstance(value, dict):
-        raise ValueError(f"{name} must be a JSON object such as '{{\"prompt\": \"question\"}}', got {text!r}.")
+        raise ValueError(f"{name} must be a JSON object such as '{example}', got {text!r}.")
     return value

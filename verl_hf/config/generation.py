@@ -33,6 +33,19 @@ class GenerationFields:
         default=512,
         metadata=_help("Prompts longer than this many tokens (after the chat template) are dropped, and counted."),
     )
+    chat_template: str | None = field(
+        default=None,
+        metadata=_help("The chat template to train with, in place of the tokenizer's (saved with the model): a "
+                       "template shipped with verl_hf by name ('qwen3_multiturn': Qwen3 with every turn's thinking "
+                       "kept, so multi-turn conversations extend turn by turn) or the path of a .jinja file. "
+                       "None: the tokenizer's own."),
+    )
+    chat_template_kwargs: dict | str | None = field(
+        default=None,
+        metadata=_help("Variables the chat template reads, set as its defaults for every rendering and in the "
+                       "saved tokenizer, e.g. {\"enable_thinking\": false} for Qwen3. A JSON string is accepted "
+                       "on the command line."),
+    )
 
     # ----- generation (rollout) -----
     rollout_engine: str = field(
@@ -149,6 +162,7 @@ def check_generation(cfg) -> None:
         ("vllm_kv_cache_mb", cfg.vllm_kv_cache_mb is None or cfg.vllm_kv_cache_mb > 0, "must be > 0"),
         ("vllm_server_timeout_s", cfg.vllm_server_timeout_s > 0, "must be > 0"),
     ])
+    _check_chat_template(cfg)
     if cfg.vllm_sleep_level not in (0, 1, 2):
         raise ValueError(f"vllm_sleep_level={cfg.vllm_sleep_level} must be 0 (off), 1 or 2.")
     if cfg.rollout_engine == "vllm" and cfg.vllm_sleep_level and not has_gpu():
@@ -159,6 +173,20 @@ def check_generation(cfg) -> None:
                          f"`verl-hf vllm-serve` (got {cfg.vllm_server_url!r}).")
     _check_routing_replay(cfg)
     _check_round_shape(cfg)
+
+
+def _check_chat_template(cfg) -> None:
+    """A template that exists and variables a template can hold, before any tokenizer loads."""
+    from ..agent.templates import kwargs_problem, template_text
+
+    if cfg.chat_template is not None:
+        template_text(cfg.chat_template)
+    if cfg.chat_template_kwargs is not None:
+        if not isinstance(cfg.chat_template_kwargs, dict):
+            raise ValueError(f"chat_template_kwargs={cfg.chat_template_kwargs!r} must be a dict (or a JSON object).")
+        problem = kwargs_problem(cfg.chat_template_kwargs)
+        if problem:
+            raise ValueError(f"chat_template_kwargs: {problem}.")
 
 
 def _check_routing_replay(cfg) -> None:

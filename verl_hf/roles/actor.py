@@ -103,7 +103,7 @@ class Actor(TrainableRole):
             group_ids=torch.arange(len(ids), device=out.response_ids.device).repeat_interleave(n),
             prompts=[row.get("prompt", self.tokenizer.decode(p)) for row, p in zip(rows, ids) for _ in range(n)],
             completions=self.tokenizer.batch_decode(out.response_ids, skip_special_tokens=True),
-            columns=row_columns(rows, n),
+            columns=row_columns(rows, n), adapter_versions=_per_row(out.adapter_version, len(out.response_ids)),
         )
 
     def sampling_config(self, max_new_tokens: int, num_return_sequences: int = 1, temperature: float | None = None,
@@ -130,8 +130,12 @@ class Actor(TrainableRole):
         from ..agent.loop import to_batch
 
         params = self.sampling_config(**sampling)
-        conversations = rollout.run(self.fresh_engine(), rows, params)
-        return to_batch(conversations, rows, params.num_return_sequences, self.tokenizer), rollout.metrics(conversations)
+        engine = self.fresh_engine()
+        conversations = rollout.run(engine, rows, params)
+        batch = to_batch(conversations, rows, params.num_return_sequences, self.tokenizer)
+        # no sync runs during a round (partial rollouts are refused with an adapter): every turn had this version
+        batch.adapter_versions = _per_row(getattr(engine, "adapter_version", 0) or None, len(batch))
+        return batch, rollout.metrics(conversations)
 
     def sync_weights(self) -> dict[str, float]:
         """Push the current weights into an engine that keeps its own copy; returns the sync metrics."""
@@ -226,3 +230,8 @@ class EngineWeightsChanged(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self.actor.mark_weights_changed()
+
+
+def _per_row(adapter_version: int | None, rows: int) -> torch.Tensor | None:
+    """(rows,) the adapter version that sampled them (an engine that serves a LoRA adapter), else None."""
+    return None if adapter_version is None else torch.full((rows,), adapter_version, dtype=torch.long)

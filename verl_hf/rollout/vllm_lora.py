@@ -75,19 +75,27 @@ def _lora_model(manager, lora_id: int, tensors: dict[str, torch.Tensor], config:
                                        model_vocab_size=manager.vocab_size,
                                        weights_mapper=mapper.get_rename_mapper() if mapper is not None else None,
                                        skip_prefixes=getattr(model, "lora_skip_prefixes", None))
-    unserved = sorted({name for name in lora.loras if name.rsplit(".", 1)[-1] not in _served_modules(manager)})
-    if unserved or not lora.loras:
-        raise ValueError(f"vLLM's {type(model).__name__} serves no LoRA on {unserved[:3] or sorted(tensors)[:3]}: "
-                         f"the adapter would not be applied there. Set vllm_lora='merge' (or target other modules).")
+    unserved = _unserved(manager, lora.loras)
+    if unserved or len(lora.loras) * 2 != len(tensors):
+        raise ValueError(f"vLLM's {type(model).__name__} has no LoRA layer for {unserved[:3] or sorted(tensors)[:3]} "
+                         f"({len(lora.loras)} of {len(tensors) // 2} adapted modules matched): vLLM would leave the "
+                         f"adapter out there and sample those layers from the base weights. Set vllm_lora='merge' "
+                         f"(or target other modules).")
     return lora
 
 
-def _served_modules(manager) -> set[str]:
-    """The module names vLLM's model takes LoRA on, packed modules (qkv_proj) under their parts (q_proj, ...),
-    as vLLM's own folder reader expects them."""
+def _unserved(manager, names) -> list[str]:
+    """The adapted modules (vLLM's names) that match none of vLLM's LoRA layers by their full name, a packed
+    layer (qkv_proj) standing for its parts (q_proj, ...): vLLM skips such weights without a word."""
     adapters = manager._adapter_manager
-    packed = adapters.packed_modules_mapping
-    return {part for module in adapters.supported_lora_modules for part in packed.get(module, [module])}
+    layers = set(adapters.modules)
+    packed_as = {part: packed for packed, parts in adapters.packed_modules_mapping.items() for part in parts}
+
+    def served(name: str) -> bool:
+        prefix, _, leaf = name.rpartition(".")
+        return name in layers or f"{prefix}.{packed_as.get(leaf, leaf)}".lstrip(".") in layers
+
+    return sorted(name for name in names if not served(name))
 
 
 def remove_adapter_in_worker(worker, version: int) -> list[int]:
@@ -125,7 +133,8 @@ def decode_adapter(payload: str) -> dict[str, torch.Tensor]:
 
 
 def wait_adapter_in_worker(worker, name: str, payload: str, config_json: str) -> str:
-    """(runs in the server's workers: `verl_hf_wait_adapter`) Keep the adapter until vLLM loads `name`."""
+    """(runs in the server's workers: `verl_hf_wait_adapter`) Keep the adapter for vLLM to read under `name` until
+    the trainer frees it."""
     import json
 
     _manager(worker).__dict__.setdefault("_verl_hf_waiting", {})[name] = (decode_adapter(payload), json.loads(config_json))
@@ -152,7 +161,9 @@ def read_adapter(manager, lora_request, read_folder):
     if lora_request.lora_name not in waiting:
         raise RuntimeError(f"vLLM was asked for the in-memory adapter {lora_request.lora_name!r}, which never arrived "
                            f"or was freed; the trainer sends each version before it names it.")
-    tensors, config = waiting.pop(lora_request.lora_name)
+    # kept until the trainer frees the version (free_adapter_in_worker): vLLM may evict a loaded adapter from its
+    # slots and read it again while requests still name it
+    tensors, config = waiting[lora_request.lora_name]
     manager.__dict__.setdefault("_verl_hf_ids", {})[lora_request.lora_name] = lora_request.lora_int_id
     return _lora_model(manager, lora_request.lora_int_id, tensors, config)
 

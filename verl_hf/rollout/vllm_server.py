@@ -69,7 +69,8 @@ class VLLMServerEngine(RolloutEngine):
         self.tokens_route = self._has_tokens_route()
         self.serves_adapters, self.adapter_version = bool(lora_rank), 0
         if lora_rank:
-            problem = server_lora_problem(vllm_config.get("lora_config"), lora_rank, self.url)
+            problem = (server_lora_problem(vllm_config.get("lora_config"), lora_rank, self.url)
+                       or server_lora_routes_problem(self.url, timeout_s))
             if problem:
                 raise ValueError(f"vllm_lora='adapter': {problem}; or set vllm_lora='merge'.")
             if process_rank() == 0:  # the process that feeds the shared engine
@@ -396,6 +397,24 @@ def server_lora_problem(lora: dict | None, rank: int, url: str) -> str:
     if lora.get("max_lora_rank", 0) < rank or lora.get("max_loras", 0) < ADAPTER_SLOTS:
         return (f"the vLLM server at {url} has max_lora_rank={lora.get('max_lora_rank')} and max_loras="
                 f"{lora.get('max_loras')}, and the adapter needs rank {rank} and {ADAPTER_SLOTS} slots ({start})")
+    return ""
+
+
+def server_lora_routes_problem(url: str, timeout_s: float) -> str:
+    """Why the server, started with LoRA, cannot take adapters at run time ("" when it can): vLLM's
+    /v1/load_lora_adapter (an empty body is refused by its validation where the route exists; 404 Not Found
+    where VLLM_ALLOW_RUNTIME_LORA_UPDATING was not set) and our plugin's worker method."""
+    try:
+        server_call(url, "POST", "/v1/load_lora_adapter", {}, timeout_s, text=True)
+    except RuntimeError as e:
+        if " with 404: " in str(e) and "Not Found" in str(e):
+            return (f"the vLLM server at {url} has no /v1/load_lora_adapter: it was started without "
+                    f"VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (`verl-hf vllm-serve MODEL --lora-rank R` sets it)")
+    try:
+        server_call(url, "POST", "/collective_rpc", {"method": "verl_hf_loaded_adapters"}, timeout_s)
+    except RuntimeError as e:
+        return (f"the vLLM server at {url} did not run verl_hf's adapter method ({str(e)[:160]}): install verl_hf "
+                f"where the server runs (its vLLM plugin adds it)")
     return ""
 
 

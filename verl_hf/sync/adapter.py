@@ -48,7 +48,6 @@ def adapter_refusal(config) -> str:
     peft_type = str(getattr(config, "peft_type", "")).split(".")[-1]
     if peft_type != "LORA":
         return f"peft_type={peft_type} is not LoRA"
-    targets = config.target_modules if not isinstance(config.target_modules, str) else [config.target_modules]
     largest = max([config.r, *(config.rank_pattern or {}).values()])
     checks = [
         (config.use_dora, "DoRA (use_dora=True): vLLM has no DoRA kernels"),
@@ -56,8 +55,8 @@ def adapter_refusal(config) -> str:
         (config.bias != "none", f"bias={config.bias!r}: vLLM applies no trained biases with an adapter"),
         (config.modules_to_save, f"modules_to_save={list(config.modules_to_save or [])}: vLLM serves full copies "
                                  f"of modules only for classifier heads"),
-        (any(t.rsplit(".", 1)[-1] in UNSERVED_TARGETS for t in targets or []),
-         f"target_modules={sorted(targets)} includes an embedding or the LM head"),
+        (unserved_targets(config.target_modules),
+         f"target_modules={config.target_modules!r} includes an embedding or the LM head"),
         (getattr(config, "target_parameters", None), "target_parameters (MoE experts): not measured with vLLM yet"),
         (isinstance(config.init_lora_weights, str) and config.init_lora_weights.lower() in
          ("pissa", "olora", "corda", "loftq") or str(config.init_lora_weights).startswith("pissa"),
@@ -70,6 +69,17 @@ def adapter_refusal(config) -> str:
     return next((why for failed, why in checks if failed), "")
 
 
+def unserved_targets(targets) -> bool:
+    """Whether LoRA `target_modules` (names, a regex string, or None: PEFT's defaults for the architecture, which
+    are attention or MLP projections) reach an embedding or the LM head. A regex is judged by the names it
+    mentions; the modules it matched are checked again at the first sync (`check_only_the_adapter_trains`)."""
+    if targets is None:
+        return False
+    if isinstance(targets, str):
+        return any(name in targets for name in UNSERVED_TARGETS)
+    return any(t.rsplit(".", 1)[-1] in UNSERVED_TARGETS for t in targets)
+
+
 def engine_lora_rank(adapter_config: dict) -> int:
     """vLLM's max_lora_rank for an adapter (`vllm_adapter_config`'s fields): the smallest kernel size that holds
     every module's rank."""
@@ -79,19 +89,29 @@ def engine_lora_rank(adapter_config: dict) -> int:
 
 def vllm_adapter_config(config) -> dict:
     """The adapter_config.json fields vLLM's PEFTHelper reads, from a PEFT LoraConfig."""
-    targets = config.target_modules
+    targets = config.target_modules  # None (PEFT's defaults) until the model is wrapped: the sync names them
     return dict(r=config.r, lora_alpha=config.lora_alpha, use_rslora=bool(config.use_rslora),
-                target_modules=sorted(targets) if not isinstance(targets, str) else targets, bias="none",
+                target_modules=sorted(targets) if isinstance(targets, (list, set, tuple)) else targets, bias="none",
                 rank_pattern=dict(config.rank_pattern or {}), alpha_pattern=dict(config.alpha_pattern or {}))
 
 
-def check_only_the_adapter_trains(model: torch.nn.Module) -> None:
-    """Serving the adapter pushes the base once: a trainable weight outside the adapter would go stale."""
+def check_only_the_adapter_trains(model: torch.nn.Module, units: list[Unit]) -> None:
+    """Serving the adapter pushes the base once: a trainable weight outside the adapter would go stale. Also
+    the modules the adapter adapts, as wrapped (a regex or PEFT's defaults name them only now)."""
     outside = [n for n, p in model.named_parameters() if p.requires_grad and ".lora_" not in n]
     if outside:
         raise ValueError(f"vllm_lora='adapter' pushes the base weights once, but {outside[0]!r} ({len(outside)} "
                          f"weights outside the LoRA adapter) trains: the engine would sample with its first value. "
                          f"Freeze it, or set vllm_lora='merge'.")
+    adapted = adapted_modules(units)
+    if unserved_targets(adapted):
+        raise ValueError(f"vllm_lora='adapter': the LoRA adapter adapts {adapted}, an embedding or the LM head, "
+                         f"which vLLM's LoRA kernels are not measured on here; set vllm_lora='merge'.")
+
+
+def adapted_modules(units: list[Unit]) -> list[str]:
+    """The module names (last part) the LoRA adapter adapts: vLLM's `target_modules` for it."""
+    return sorted({engine_name(u.name).rsplit(".", 1)[-1] for u in adapter_units(units)})
 
 
 def adapter_units(units: list[Unit]) -> list[Unit]:

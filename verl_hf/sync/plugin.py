@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..distributed import compute_device, full_tensor, process_rank
-from .adapter import adapter_tensors, check_only_the_adapter_trains
+from .adapter import adapted_modules, adapter_tensors, check_only_the_adapter_trains
 from .gather import bucket_tensors, engine_names, gathered, plan_buckets, unit_tensors, weight_units
 from .memory import PeakMemory
 from .names import check_names
@@ -75,7 +75,7 @@ class WeightSync:
         units = weight_units(model)
         whole = self.adapter_config is None or not self._base_pushed
         if self.adapter_config is not None and whole:
-            check_only_the_adapter_trains(model)
+            check_only_the_adapter_trains(model, units)
         buckets, self.bucket_bytes = plan_buckets(units, self.bucket_bytes) if whole else ([], self.bucket_bytes)
         device = compute_device(model)
         started = time.perf_counter()
@@ -149,8 +149,9 @@ class WeightSync:
                 return 0, failure
             dtype = engine.dtype
             cast = {n: t.to(dtype) if dtype is not None and t.dtype != dtype else t for n, t in tensors.items()}
+            config = {**self.adapter_config, "target_modules": adapted_modules(units)}  # as wrapped, not as written
             try:
-                engine.load_adapter(cast, self.adapter_config)
+                engine.load_adapter(cast, config)
             except Exception as exc:  # noqa: BLE001 - raised by sync() after the collectives
                 return 0, exc
             return sum(t.numel() * t.element_size() for t in cast.values()), None
