@@ -213,10 +213,8 @@ class VLLMServerEngine(RolloutEngine):
         try:
             server_call(self.url, "POST", route, body, self.timeout_s, text=True)
         except RuntimeError as e:
-            if " with 404: " in str(e) and "Not Found" in str(e):
-                raise RuntimeError(f"The vLLM server at {self.url} has no {route} route: start it with "
-                                   f"VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (`verl-hf vllm-serve MODEL --lora-rank R` "
-                                   f"does).") from e
+            if _no_such_route(e):
+                raise RuntimeError(f"The vLLM server at {self.url} has no {route} route: {RUNTIME_LORA}.") from e
             raise
 
     def loaded_adapters(self) -> list[int]:
@@ -400,6 +398,16 @@ def server_lora_problem(lora: dict | None, rank: int, url: str) -> str:
     return ""
 
 
+RUNTIME_LORA = ("start it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1, which enables vLLM's runtime LoRA routes "
+                "(`verl-hf vllm-serve MODEL --lora-rank R` sets it)")
+
+
+def _no_such_route(error: RuntimeError) -> bool:
+    """A `server_call` error for a route the server does not serve (404 Not Found; an unknown adapter is a 404
+    that names it instead)."""
+    return " with 404: " in str(error) and "Not Found" in str(error)
+
+
 def server_lora_routes_problem(url: str, timeout_s: float) -> str:
     """Why the server, started with LoRA, cannot take adapters at run time ("" when it can): vLLM's
     /v1/load_lora_adapter (an empty body is refused by its validation where the route exists; 404 Not Found
@@ -407,9 +415,8 @@ def server_lora_routes_problem(url: str, timeout_s: float) -> str:
     try:
         server_call(url, "POST", "/v1/load_lora_adapter", {}, timeout_s, text=True)
     except RuntimeError as e:
-        if " with 404: " in str(e) and "Not Found" in str(e):
-            return (f"the vLLM server at {url} has no /v1/load_lora_adapter: it was started without "
-                    f"VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (`verl-hf vllm-serve MODEL --lora-rank R` sets it)")
+        if _no_such_route(e):
+            return f"the vLLM server at {url} has no /v1/load_lora_adapter: {RUNTIME_LORA}"
     try:
         server_call(url, "POST", "/collective_rpc", {"method": "verl_hf_loaded_adapters"}, timeout_s)
     except RuntimeError as e:
