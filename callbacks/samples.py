@@ -1,6 +1,7 @@
 """`CompletionSamplesCallback`: what the policy actually writes, at every logging step.
 
-Writes prompt, completion, reward (and each reward function's score), advantage and cost (Safe-RLHF) of the
+Writes prompt, completion (with `reasoning_format`: also its reasoning and content apart), reward (and each
+reward function's score), advantage and cost (Safe-RLHF) of the
 first `num_samples` rows of the latest rollout round (multi-turn: also the whole conversation, the tool
 calls' outcomes and the environment's turn rewards, and the reward counts them) to `<output_dir>/completions/`: one JSONL file appended
 at every log (`samples.jsonl`) and/or one parquet file per logging step. When the run reports to tensorboard,
@@ -37,7 +38,8 @@ class CompletionSamplesCallback(TrainerCallback):
         batch = getattr(self.trainer, "last_round", None)
         if batch is None or not logs or "reward/mean" not in logs or not state.is_world_process_zero:
             return
-        rows = sample_rows(batch, [name for name, _ in self.trainer.reward_funcs], state.global_step, self.num_samples)
+        rows = sample_rows(batch, [name for name, _ in self.trainer.reward_funcs], state.global_step, self.num_samples,
+                           getattr(args, "reasoning_format", None))
         folder = os.path.join(args.output_dir, "completions")
         os.makedirs(folder, exist_ok=True)
         if "jsonl" in self.formats:
@@ -52,8 +54,13 @@ class CompletionSamplesCallback(TrainerCallback):
         _to_trackers(self.trainer, args, rows, state.global_step)
 
 
-def sample_rows(batch, reward_names: list[str], step: int, count: int) -> list[dict]:
-    """The first `count` rows of a scored RolloutBatch as plain dicts (advantage: mean over the response)."""
+def sample_rows(batch, reward_names: list[str], step: int, count: int,
+                reasoning_format: str | None = None) -> list[dict]:
+    """The first `count` rows of a scored RolloutBatch as plain dicts (advantage: mean over the response;
+    with a `reasoning_format`, each completion's `reasoning` and `content` apart too)."""
+    from verl_hf.rewards.reasoning import reasoning_columns
+
+    split = reasoning_columns(batch.completions[:count], reasoning_format)
     mask = batch.response_mask.float()
     advantage = ((batch.advantages * mask).sum(1) / mask.sum(1).clamp(min=1)).tolist() \
         if batch.advantages is not None else [None] * len(batch)
@@ -63,6 +70,8 @@ def sample_rows(batch, reward_names: list[str], step: int, count: int) -> list[d
         row = {"step": step, "prompt": _text(batch.prompts[i]), "completion": batch.completions[i],
                "reward": float(batch.rewards[i]), "advantage": advantage[i],
                **{f"reward/{n}": (None if torch.isnan(torch.tensor(v)) else v) for n, v in zip(reward_names, per_function)}}
+        if split:
+            row.update(reasoning=split["reasoning"][i], content=split["contents"][i])
         if batch.costs is not None:
             row["cost"] = float(batch.costs[i])
         rows.append({**row, **_conversation_fields(batch, i)})
@@ -75,6 +84,7 @@ def parquet_schema(rows: list[dict]):
     import pyarrow as pa
 
     types = {"step": pa.int64(), "prompt": pa.string(), "completion": pa.string(), "conversation": pa.string(),
+             "reasoning": pa.string(), "content": pa.string(),
              "tool_statuses": pa.list_(pa.string()), "turn_rewards": pa.list_(pa.float64())}
     return pa.schema([(name, types.get(name, pa.float64())) for name in rows[0]])
 

@@ -48,18 +48,18 @@ def _training_rows(tokenizer, num: int, seed: int, thinking: bool = False):
 
 
 def build_tool_model(directory: Path, steps: int = 60, architecture: str = "llama", chat_template: str | None = None,
-                     thinking: bool = False) -> str:
+                     thinking: bool = False, **sizes) -> str:
     """Train and save a tiny model of `architecture` (tests/architectures.py) and its tokenizer under
     directory/<architecture>; returns the path. `chat_template`: a template shipped with verl_hf in place of
     CHATML_TOOLS; `thinking` (Qwen3): taught both to think before each turn and to answer after the empty think
-    block of enable_thinking=false."""
+    block of enable_thinking=false. `sizes`: a larger model (architectures.build)."""
     from transformers import AutoModelForCausalLM
 
     from verl_hf.agent.templates import template_text
 
     tokenizer = build_tokenizer()
     tokenizer.chat_template = template_text(chat_template) if chat_template else CHATML_TOOLS
-    path = Path(build(architecture, directory, tokenizer))
+    path = Path(build(architecture, directory, tokenizer, **sizes))
     model = AutoModelForCausalLM.from_pretrained(path)
     rows = _training_rows(tokenizer, 256, seed=0, thinking=thinking)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -142,6 +142,18 @@ def recorded(engine):
         yield calls
     finally:
         del engine.generate  # the class's method again
+
+
+# three_turns' lengths for the Qwen3 model that thinks (thinking on: longer turns) and with enable_thinking=false
+QWEN3_TURNS = {True: dict(max_new_tokens=48, budget=230), False: dict(max_new_tokens=16, budget=230)}
+
+
+def assert_thinking_kept(figures: dict, tokenizer, thinking: bool) -> None:
+    """At least half the conversations keep a think block (thinking on: the model's; off: the generation
+    prompt's empty one) in every later turn, as sampled."""
+    texts = [tokenizer.decode(ids) for ids in figures["responses"]]
+    blocks = "</think>" if thinking else "<think>\n\n</think>\n\n"
+    assert sum(t.count(blocks) >= 2 for t in texts) >= len(texts) // 2, texts
 
 
 def three_turns(actor, tokenizer, max_new_tokens: int = 16, budget: int = 160) -> dict:

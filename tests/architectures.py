@@ -84,15 +84,18 @@ def build_tokenizer():
     return tokenizer
 
 
-def build(name: str, directory: Path, tokenizer) -> str:
-    """Save architecture `name` (random weights, seed 0) and the tokenizer under directory/name."""
+def build(name: str, directory: Path, tokenizer, **sizes) -> str:
+    """Save architecture `name` (random weights, seed 0) and the tokenizer under directory/name. `sizes`: other
+    hidden_size, intermediate_size, num_hidden_layers, ... than the tiny defaults (heads stay 64 wide)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     model_type, extra = {**ARCHITECTURES, **DEFAULT_DTYPE_ONLY}[name]
     common = dict(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                   num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=256,
                   pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
-    config = AutoConfig.for_model(model_type, **{**common, **extra})
+    if "hidden_size" in sizes:
+        sizes.setdefault("num_attention_heads", sizes["hidden_size"] // 64)
+    config = AutoConfig.for_model(model_type, **{**common, **extra, **sizes})
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     path = directory / name

@@ -57,6 +57,16 @@ def tool_model_path(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def qwen3_thinking_model(tmp_path_factory) -> str:
+    """A tiny Qwen3 with chat_template='qwen3_multiturn', taught to think before each turn and to answer after
+    enable_thinking=false's empty think block; built once for the HF and the vLLM engines' tests."""
+    from agent_model import build_tool_model
+
+    return build_tool_model(tmp_path_factory.mktemp("qwen3"), steps=100, architecture="qwen3",
+                            chat_template="qwen3_multiturn", thinking=True)
+
+
+@pytest.fixture(scope="session")
 def warm_start_accuracy(warm_start_dir, tokenizer, addition) -> float:
     """The untrained (warm start) greedy accuracy on `addition`'s 100 test problems, measured in this run."""
     from transformers import AutoModelForCausalLM

@@ -10,8 +10,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from agent_model import (assert_three_turns, chat_rows, echo, echo_rollout, every_turn_calls_echo,  # noqa: E402
-                         prompts, three_turns)
+from agent_model import (QWEN3_TURNS, assert_thinking_kept, assert_three_turns, chat_rows, echo,  # noqa: E402
+                         echo_rollout, every_turn_calls_echo, prompts, three_turns)
 
 from verl_hf import Actor  # noqa: E402
 from verl_hf.agent import MultiTurnRollout, Step, ToolEnvironment, as_tools  # noqa: E402
@@ -49,16 +49,6 @@ def test_three_turns_on_other_architectures(architecture, tmp_path):
     assert_three_turns(three_turns(actor, actor.tokenizer), every_sample=False)
 
 
-@pytest.fixture(scope="module")
-def qwen3_thinking_model(tmp_path_factory) -> str:
-    """A tiny Qwen3 with chat_template='qwen3_multiturn', taught to think before each turn and to answer after
-    enable_thinking=false's empty think block."""
-    from agent_model import build_tool_model
-
-    return build_tool_model(tmp_path_factory.mktemp("qwen3"), steps=100, architecture="qwen3",
-                            chat_template="qwen3_multiturn", thinking=True)
-
-
 @pytest.mark.parametrize("thinking", [True, False])
 def test_three_turns_on_qwen3_with_its_multiturn_template(thinking, qwen3_thinking_model):
     """chat_template='qwen3_multiturn' on a Qwen3 that thinks before each turn (or with enable_thinking=false: the
@@ -71,11 +61,9 @@ def test_three_turns_on_qwen3_with_its_multiturn_template(thinking, qwen3_thinki
     tokenizer = AutoTokenizer.from_pretrained(qwen3_thinking_model)
     put_chat_template(tokenizer, None, None if thinking else {"enable_thinking": False})
     actor = Actor(AutoModelForCausalLM.from_pretrained(qwen3_thinking_model), tokenizer)
-    figures = three_turns(actor, actor.tokenizer, max_new_tokens=48 if thinking else 16, budget=230)
+    figures = three_turns(actor, actor.tokenizer, **QWEN3_TURNS[thinking])
     assert_three_turns(figures, every_sample=False)
-    texts = [actor.tokenizer.decode(ids) for ids in figures["responses"]]
-    blocks = "<think>\n\n</think>\n\n" if not thinking else "</think>"
-    assert sum(t.count(blocks) >= 2 for t in texts) >= len(texts) // 2, texts  # kept in every later turn
+    assert_thinking_kept(figures, actor.tokenizer, thinking)
 
 
 def test_environment_tokens_get_no_gradient(tool_model):

@@ -13,7 +13,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from architectures import CHATML, CHATML_TOOLS, build_tokenizer  # noqa: E402
 
 from verl_hf.agent import (ChatTemplateError, Step, ToolCall, ToolEnvironment, as_tools, check_extendable,  # noqa: E402
-                           continuation_ids, environment_factory, parse_hermes)
+                           continuation_ids, environment_factory, parse_hermes, parse_llama3_json,
+                           parse_mistral, parse_pythonic)
 
 
 def multiply(a: int, b: int) -> int:
@@ -102,6 +103,78 @@ def test_hermes_calls_and_what_is_wrong_with_the_others():
     assert calls[0] == ToolCall("multiply", {"a": 2, "b": 3}) and calls[1] == ToolCall("multiply", {"a": 1, "b": 1})
     assert "not valid JSON" in calls[2].error and "expected" in calls[3].error and "not closed" in calls[4].error
     assert parse_hermes("no calls here") == []
+
+
+def test_mistral_calls_in_both_formats_ids_kept_and_what_is_wrong_with_the_others():
+    """The JSON-list format (v0.3 to Small 3.1) with and without the model's ids, the name[ARGS] format with and
+    without [CALL_ID]; text before [TOOL_CALLS] is content; each broken call says what is wrong."""
+    listed = ('Let me. [TOOL_CALLS] [{"name": "multiply", "arguments": {"a": 2, "b": 3}, "id": "a1b2c3d4e"}, '
+              '{"name": "multiply", "arguments": "{\\"a\\": 1, \\"b\\": 1}"}]')
+    assert parse_mistral(listed) == [ToolCall("multiply", {"a": 2, "b": 3}, id="a1b2c3d4e"),
+                                     ToolCall("multiply", {"a": 1, "b": 1})]
+    named = '[TOOL_CALLS]multiply[ARGS]{"a": 2, "b": 3}[TOOL_CALLS]multiply[CALL_ID]x9y8z7w6v[ARGS]{"a": 4, "b": 5}'
+    assert parse_mistral(named) == [ToolCall("multiply", {"a": 2, "b": 3}),
+                                    ToolCall("multiply", {"a": 4, "b": 5}, id="x9y8z7w6v")]
+    broken = [parse_mistral(t)[0].error for t in ("[TOOL_CALLS] [{not json}]", "[TOOL_CALLS] [1]",
+                                                    "[TOOL_CALLS]multiply[ARGS]{bad", "[TOOL_CALLS]multiply[ARGS][1]",
+                                                    "[TOOL_CALLS]", "[TOOL_CALLS]no args here")]
+    assert "not valid JSON after [TOOL_CALLS]" in broken[0] and "got int" in broken[1]
+    assert "after [ARGS] are not valid JSON" in broken[2] and "must be a JSON object" in broken[3]
+    assert all("expected [TOOL_CALLS]<tool>[ARGS]" in e for e in broken[4:])
+    bad_ids = [parse_mistral(t)[0].error for t in ('[TOOL_CALLS] [{"name": "multiply", "arguments": {}, "id": "abc"}]',
+                                                   "[TOOL_CALLS]multiply[CALL_ID]call_1[ARGS]{}")]
+    assert all("the call's id must be 9 letters or digits" in e for e in bad_ids)  # the templates could not render it
+    assert parse_mistral("The answer is 6.") == [] and parse_mistral("<tool_call>{}</tool_call>") == []
+
+
+def test_llama3_json_calls_one_or_several_and_an_answer_calls_nothing():
+    one = '<|python_tag|>{"name": "multiply", "parameters": {"a": 2, "b": 3}}'
+    assert parse_llama3_json(one) == [ToolCall("multiply", {"a": 2, "b": 3})]
+    two = ' {"name": "multiply", "parameters": {"a": 2, "b": 3}}; {"name": "multiply", "arguments": {"a": 1, "b": 1}}'
+    assert parse_llama3_json(two) == [ToolCall("multiply", {"a": 2, "b": 3}), ToolCall("multiply", {"a": 1, "b": 1})]
+    assert parse_llama3_json("12 times 34 is 408.") == []
+    assert "not valid JSON" in parse_llama3_json('{"name": "multiply"')[0].error
+    assert "expected" in parse_llama3_json('{"name": "multiply", "parameters": 3}')[0].error
+
+
+def test_pythonic_calls_are_read_as_literals_never_run():
+    text = '[multiply(a=12, b=34), multiply(a=1, b=2)]'
+    assert parse_pythonic(text) == [ToolCall("multiply", {"a": 12, "b": 34}), ToolCall("multiply", {"a": 1, "b": 2})]
+    assert parse_pythonic("[multiply(a=(1, 2), b={'c': None})]") == [
+        ToolCall("multiply", {"a": [1, 2], "b": {"c": None}})]
+    for answer in ("12 times 34 is 408.", "[1, 2, 3]", "[the docs](https://example.com)", "[]"):
+        assert parse_pythonic(answer) == []  # answers that open with "[" call nothing
+    errors = [parse_pythonic(t)[0].error for t in ("[multiply(a=12", "[f(a=x)]", "[__import__('os')]",
+                                                    "[f(**{'a': 1})]", "[f(a={1, 2})]", "[f(a={(1,): 2})]")]
+    assert "not a Python list of calls" in errors[0] and "must be literals" in errors[1]
+    assert "a tool's name and keyword arguments" in errors[2] and "not **arguments" in errors[3]
+    assert "must be literals" in errors[4] and "must be literals" in errors[5]  # a set, a tuple key: not JSON
+
+
+def test_a_parser_that_raises_is_a_malformed_call_the_model_reads():
+    def fragile(text: str):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    step = _step(ToolEnvironment(as_tools([multiply]), parser=fragile), "[[[[[[")
+    assert step.statuses == ("malformed",) and not step.done
+    assert "could not be read (RecursionError: maximum recursion depth exceeded)" in step.messages[0]["content"]
+
+
+def test_each_result_names_its_call_the_models_id_or_the_samples_count_and_the_turn_carries_its_calls():
+    """A call's result carries the id the model wrote, else call_id(n) for the sample's n-th call (counted
+    across turns, malformed and unknown calls included, so ids never repeat); the Step hands the parsed calls,
+    in the templates' form, for the conversation's assistant message."""
+    env = ToolEnvironment(as_tools([multiply]), parser="mistral")
+    first = _step(env, '[TOOL_CALLS] [{"name": "multiply", "arguments": {"a": 2, "b": 3}, "id": "a1b2c3d4e"}, '
+                       '{"name": "multiply", "arguments": {"a": 1, "b": 1}}, {"bad": 1}]')
+    assert [m["tool_call_id"] for m in first.messages] == ["a1b2c3d4e", "call00002", "call00003"]
+    assert [m["content"] for m in first.messages[:2]] == ["6", "1"] and first.statuses[2] == "malformed"
+    assert first.tool_calls == (
+        {"id": "a1b2c3d4e", "type": "function", "function": {"name": "multiply", "arguments": {"a": 2, "b": 3}}},
+        {"id": "call00002", "type": "function", "function": {"name": "multiply", "arguments": {"a": 1, "b": 1}}})
+    second = _step(env, '[TOOL_CALLS]multiply[ARGS]{"a": 4, "b": 5}')
+    assert [m["tool_call_id"] for m in second.messages] == ["call00004"] and second.messages[0]["content"] == "20"
+    assert _step(env, "The answer is 20.") == Step(done=True)
 
 
 def _step(env, text):

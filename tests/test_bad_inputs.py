@@ -236,6 +236,17 @@ def _unknown_tool_call_parser(tmp_path, warm):
                                                                   tool_call_parser="xml"))
 
 
+def _mistral_parser_for_a_hermes_template(tmp_path, warm):
+    from transformers import AutoTokenizer
+
+    from verl_hf.demo import TOOLS_WARM_START_DIR
+
+    tokenizer = AutoTokenizer.from_pretrained(TOOLS_WARM_START_DIR)
+    tokenizer.chat_template = (Path(__file__).parent / "chat_templates" / "qwen2_5_instruct.jinja").read_text()
+    return dict(model=str(TOOLS_WARM_START_DIR), processing_class=tokenizer,
+                args_extra=dict(tools=["verl_hf.demo.tools_task:multiply"], tool_call_parser="mistral"))
+
+
 def _multi_turn_setting_without_multi_turn(tmp_path, warm):
     return dict(model=warm, args_extra=dict(max_tool_calls=2))
 
@@ -266,7 +277,10 @@ SETUP_CASES = [
     ("tools with a tokenizer without a chat template", _tools_without_a_chat_template, ValueError,
      r"multi-turn rollouts need a tokenizer with a chat template \(tokenizer.chat_template is None\)"),
     ("an unknown tool-call parser", _unknown_tool_call_parser, ValueError,
-     r"tool_call_parser='xml': unknown; built in: \['hermes'\], or pass a callable"),
+     r"tool_call_parser='xml': unknown; built in: \['hermes', 'llama3_json', 'mistral', 'pythonic'\], or pass a callable"),
+    ("a tool-call parser for another format than the template's", _mistral_parser_for_a_hermes_template, ValueError,
+     r"tool_call_parser='mistral' reads \[TOOL_CALLS\] calls, but the chat template teaches the model "
+     r"<tool_call>\{json\}</tool_call> \(it says '<tool_call>'\): set tool_call_parser='hermes'"),
     ("a multi-turn setting without multi-turn", _multi_turn_setting_without_multi_turn, ValueError,
      r"max_tool_calls=2 takes effect only when tools are given: tools=\[...\] on VerlTrainer"),
     ("a tool limit with an environment", _tool_limit_with_an_environment, ValueError,

@@ -42,14 +42,19 @@ def test_completion_samples_go_to_jsonl_parquet_and_tensorboard(tmp_path, warm_s
     import pyarrow.parquet as pq
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    from verl_hf.rewards.reasoning import split_think
+
     monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
     samples = CompletionSamplesCallback(num_samples=3, formats=("jsonl", "parquet"))
-    trainer = _train(tmp_path, warm_start_dir, addition, [samples], max_steps=2, report_to=["tensorboard"])
+    trainer = _train(tmp_path, warm_start_dir, addition, [samples], max_steps=2, report_to=["tensorboard"],
+                     reasoning_format="think")
     out = tmp_path / "out" / "completions"
     rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and [r["step"] for r in rows] == [1, 1, 1, 2, 2, 2]
     first = rows[0]
-    assert set(first) >= {"prompt", "completion", "reward", "advantage", "reward/gsm8k", "reward/gsm8k_format"}
+    assert set(first) >= {"prompt", "completion", "reward", "advantage", "reward/gsm8k", "reward/gsm8k_format",
+                          "reasoning", "content"}
+    assert all((r["reasoning"], r["content"]) == split_think(r["completion"]) for r in rows)
     batch = trainer.last_round  # the step-2 round: the last three rows are its first three
     assert [r["completion"] for r in rows[3:]] == batch.completions[:3]
     assert rows[3]["reward"] == pytest.approx(float(batch.rewards[0]))

@@ -23,12 +23,19 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from verl_hf.agent import ChatTemplateError, as_tools, check_extendable, continuation_ids  # noqa: E402
-from verl_hf.agent.chat import render  # noqa: E402
+from verl_hf.agent.chat import assistant_turn, render  # noqa: E402
 from verl_hf.data import tokenize_prompt  # noqa: E402
 
 TEMPLATES = Path(__file__).parent / "chat_templates"
 SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+DEEPSEEK = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>", "<｜User｜>", "<｜Assistant｜>",
+            "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
+            "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>",
+            "<｜tool▁sep｜>", "<think>", "</think>"]
+GLM = ["<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>", "<|assistant|>",
+       "<|observation|>", "<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
+       "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"]
 # name -> special tokens (in id order), bos, eos (the template's end of an assistant turn), pad
 SPECS = {
     "qwen2_5_instruct": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], None, "<|im_end|>", "<|endoftext|>"),
@@ -39,13 +46,29 @@ SPECS = {
     "mistral_7b_instruct_v0_3": (["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
                                   "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "<pad>"],
                                  "<s>", "</s>", "<pad>"),
+    "mistral_small_3_1_instruct": (["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
+                                    "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[SYSTEM_PROMPT]",
+                                    "[/SYSTEM_PROMPT]", "<pad>"], "<s>", "</s>", "<pad>"),
+    "llama3_2_instruct": (["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                           "<|eot_id|>", "<|eom_id|>", "<|python_tag|>", "<|finetune_right_pad_id|>"],
+                          "<|begin_of_text|>", "<|eot_id|>", "<|finetune_right_pad_id|>"),
+    "gemma3_pythonic": (["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>"],
+                        "<bos>", "<end_of_turn>", "<pad>"),
+    "qwq_32b": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], None, "<|im_end|>", "<|endoftext|>"),
+    "deepseek_r1_distill_qwen": (DEEPSEEK, "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>"),
+    "deepseek_v3_1": (DEEPSEEK, "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>"),
+    "glm_4_5": (GLM, None, "<|endoftext|>", "[MASK]"),
+    "glm_4_6": (GLM, None, "<|endoftext|>", "[MASK]"),
+    "phi_4_mini": (["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|tool|>", "<|/tool|>",
+                    "<|tool_call|>", "<|/tool_call|>", "<|tool_response|>"], None, "<|end|>", "<|endoftext|>"),
     "gemma2_it": (["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"], "<bos>", "<end_of_turn>", "<pad>"),
     "gemma3_it": (["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>"],
                   "<bos>", "<end_of_turn>", "<pad>"),
 }
 # What the template renders after the end-of-turn token of the conversation's last turn (not in the sampled ids).
-TAIL = {"qwen2_5_instruct": "\n", "llama3_1_instruct": "", "mistral_7b_instruct_v0_3": "", "gemma2_it": "\n",
-        "gemma3_it": "\n"}
+TAIL = {"qwen2_5_instruct": "\n", "llama3_1_instruct": "", "mistral_7b_instruct_v0_3": "",
+        "mistral_small_3_1_instruct": "", "gemma2_it": "\n", "gemma3_it": "\n", "llama3_2_instruct": "",
+        "gemma3_pythonic": "\n", "deepseek_v3_1": ""}
 # Mistral v0.3 renders an assistant message as " " + content: the model samples that space as the start of its
 # turn (SentencePiece's "▁" of its first token), so a turn's text is " " + the message content.
 SEPARATOR = {"mistral_7b_instruct_v0_3": " "}
@@ -67,7 +90,19 @@ def multiply(a: int, b: int) -> int:
     return a * b
 
 
+def square(x: int) -> int:
+    """Square an integer.
+
+    Args:
+        x: The number.
+    """
+    return x * x
+
+
 TOOLS = [t.schema for t in as_tools([multiply]).values()]
+# vLLM's Gemma 3 pythonic template drops the comma between a call's arguments (test_gemma3_pythonic_...): its
+# token-for-token case calls a tool of one argument.
+ONE_ARGUMENT_TOOLS = [t.schema for t in as_tools([square]).values()]
 QUESTION = [{"role": "user", "content": "What is 12 times 34?"}]
 
 
@@ -98,44 +133,84 @@ def decode(tokenizer, ids: list[int]) -> str:
     return tokenizer.decode(ids, skip_special_tokens=False)
 
 
-def rollout(tokenizer, prompt: list[dict], texts: list[str], replies: list[list[dict]], tools=None):
+def rollout(tokenizer, prompt: list[dict], texts: list[str], replies: list[list[dict]], tools=None, calls=None):
     """The multi-turn loop's sequence: the prompt's ids, then per turn its sampled ids (`texts` tokenized) and its
-    end-of-turn token, then (except after the last turn) `continuation_ids` for that turn's reply. Also returns
-    the conversation as the loop records it (each turn's text decoded from its ids)."""
+    end-of-turn token, then (except after the last turn) `continuation_ids` for that turn's reply, given the
+    `calls` read from each turn (calls_in). Also returns the conversation as the loop records it (each turn's
+    text decoded from its ids, with its calls)."""
+    calls = calls or [()] * len(texts)
     ids, messages = tokenize_prompt(tokenizer, prompt, tools), list(prompt)
     for i, text in enumerate(texts):
         turn = ids_of(tokenizer, text) + [tokenizer.eos_token_id]
         ids += turn
         answer = replies[i] if i < len(replies) else []
         if answer:
-            ids += continuation_ids(tokenizer, messages, turn, answer, tools)
-        messages += [{"role": "assistant", "content": decode(tokenizer, turn[:-1])}, *answer]
+            ids += continuation_ids(tokenizer, messages, turn, answer, tools, calls[i])
+        messages += [assistant_turn(tokenizer, turn, calls[i]), *answer]
     return ids, messages
 
 
-def conversation(prompt: list[dict], contents: list[str], replies: list[list[dict]]) -> list[dict]:
-    """The messages with each assistant turn's content as the template renders it."""
+def conversation(prompt: list[dict], contents: list[str], replies: list[list[dict]], calls=None) -> list[dict]:
+    """The messages with each assistant turn's content as the template renders it; a turn with `calls` as the
+    templates' tool-call message (no content besides its calls)."""
     messages = list(prompt)
     for i, content in enumerate(contents):
-        messages += [{"role": "assistant", "content": content}, *(replies[i] if i < len(replies) else [])]
+        turn = {"role": "assistant", "content": content}
+        if calls and calls[i]:
+            turn = {"role": "assistant", "content": "", "tool_calls": list(calls[i])}
+        messages += [turn, *(replies[i] if i < len(replies) else [])]
     return messages
 
 
-TOOL_REPLY = [{"role": "tool", "name": "multiply", "content": "408"}]
+PARSER = {"qwen2_5_instruct": "hermes", "qwen3": "hermes", "llama3_1_instruct": "llama3_json",
+          "mistral_7b_instruct_v0_3": "mistral", "mistral_small_3_1_instruct": "mistral",
+          "llama3_2_instruct": "llama3_json", "gemma3_pythonic": "pythonic"}
+
+
+def calls_in(name: str, texts: list[str]) -> list[tuple]:
+    """Each turn's calls as the tool environment reads them: the family's parser, ids the model's or call_id(n)."""
+    from verl_hf.agent import TOOL_CALL_PARSERS
+    from verl_hf.agent.environment import call_id, template_calls
+
+    out, made = [], 0
+    for text in texts:
+        calls = TOOL_CALL_PARSERS[PARSER[name]](text)
+        out.append(template_calls(calls, [c.id or call_id(made + k + 1) for k, c in enumerate(calls)]))
+        made += len(calls)
+    return out
+
+
+# The tool environment's reply: the id is the one the model wrote (Mistral's formats) or call_id(n); templates
+# without ids ignore it.
+TOOL_REPLY = [{"role": "tool", "name": "multiply", "content": "408", "tool_call_id": "a1b2c3d4e"}]
+SECOND_TOOL_REPLY = [{"role": "tool", "name": "multiply", "content": "409", "tool_call_id": "b2c3d4e5f"}]
 USER_REPLY = [{"role": "user", "content": "And 408 plus 1?"}]
 SECOND_USER_REPLY = [{"role": "user", "content": "Sure?"}]
+MISTRAL_CALL = '[TOOL_CALLS] [{"name": "multiply", "arguments": {"a": 12, "b": 34}, "id": "a1b2c3d4e"}]'
 TOOL_CALL = {"qwen2_5_instruct": '<tool_call>\n{"name": "multiply", "arguments": {"a": 12, "b": 34}}\n</tool_call>',
-             "llama3_1_instruct": '{"name": "multiply", "parameters": {"a": 12, "b": 34}}'}
+             "llama3_1_instruct": '{"name": "multiply", "parameters": {"a": 12, "b": 34}}',
+             "mistral_7b_instruct_v0_3": MISTRAL_CALL, "mistral_small_3_1_instruct": MISTRAL_CALL,
+             "llama3_2_instruct": '{"name": "multiply", "parameters": {"a": 12, "b": 34}}',
+             "gemma3_pythonic": "[square(x=12)]"}
+# Mistral's templates move the tools to the last user message, so with tools only tool replies extend a
+# conversation (what the tool environment sends): a second call instead.
+SECOND_CALL = dict.fromkeys(["mistral_7b_instruct_v0_3", "mistral_small_3_1_instruct"],
+                            '[TOOL_CALLS] [{"name": "multiply", "arguments": {"a": 408, "b": 1}, "id": "b2c3d4e5f"}]')
 # (template, with tools): the accepted ones. With tools: a tool call, the tool's reply, an answer, a user's reply,
 # a last answer. Without: three answers, each but the last followed by a user's reply.
 ACCEPTED = [("qwen2_5_instruct", True), ("qwen2_5_instruct", False), ("llama3_1_instruct", True),
-            ("llama3_1_instruct", False), ("mistral_7b_instruct_v0_3", False), ("gemma2_it", False),
-            ("gemma3_it", False)]
+            ("llama3_1_instruct", False), ("mistral_7b_instruct_v0_3", True), ("mistral_7b_instruct_v0_3", False),
+            ("mistral_small_3_1_instruct", True), ("mistral_small_3_1_instruct", False), ("gemma2_it", False),
+            ("gemma3_it", False), ("llama3_2_instruct", True), ("llama3_2_instruct", False),
+            ("gemma3_pythonic", True), ("gemma3_pythonic", False), ("deepseek_v3_1", False)]
 
 
 def case(name: str, with_tools: bool):
+    if with_tools and name in SECOND_CALL:
+        return [TOOL_CALL[name], SECOND_CALL[name], "409."], [TOOL_REPLY, SECOND_TOOL_REPLY], TOOLS
     if with_tools:
-        return [TOOL_CALL[name], "12 times 34 is 408.", "409."], [TOOL_REPLY, USER_REPLY], TOOLS
+        tools = ONE_ARGUMENT_TOOLS if name == "gemma3_pythonic" else TOOLS
+        return [TOOL_CALL[name], "12 times 34 is 408.", "409."], [TOOL_REPLY, USER_REPLY], tools
     return ["I will work it out.", "12 times 34 is 408.", "409."], [USER_REPLY, SECOND_USER_REPLY], None
 
 
@@ -162,12 +237,17 @@ def test_check_extendable_accepts(name, with_tools):
 @pytest.mark.parametrize("name,with_tools", ACCEPTED)
 def test_loop_sequence_is_the_tokenized_rendering_of_the_conversation(name, with_tools):
     """Token for token: the loop's ids are the tokenization of the template's rendering of the whole
-    conversation, up to the last turn's end-of-turn token (what the template renders after it is TAIL)."""
+    conversation, up to the last turn's end-of-turn token (what the template renders after it is TAIL). With
+    tools, the call turns are rendered from the calls the family's parser reads in them, as the templates render
+    OpenAI-style tool-call messages (Mistral's with the ids the model wrote)."""
     tokenizer = build(name)
     contents, replies, tools = case(name, with_tools)
-    separator = SEPARATOR.get(name, "")
-    ids, _ = rollout(tokenizer, QUESTION, [separator + c for c in contents], replies, tools)
-    full = render(tokenizer, conversation(QUESTION, contents, replies), tools, add_generation_prompt=False)
+    calls = calls_in(name, contents) if with_tools else [()] * len(contents)
+    assert sum(map(bool, calls)) == (2 if with_tools and name in SECOND_CALL else int(with_tools))
+    # Mistral v0.3 puts its separator space before a turn's text, not before its [TOOL_CALLS]
+    texts = [c if calls[i] else SEPARATOR.get(name, "") + c for i, c in enumerate(contents)]
+    ids, _ = rollout(tokenizer, QUESTION, texts, replies, tools, calls)
+    full = render(tokenizer, conversation(QUESTION, contents, replies, calls), tools, add_generation_prompt=False)
     full_ids = ids_of(tokenizer, full)
     assert full_ids[:len(ids)] == ids
     assert decode(tokenizer, full_ids[len(ids):]) == TAIL[name]
@@ -233,8 +313,8 @@ def test_qwen3_is_refused_it_adds_an_empty_think_block_to_the_last_turn_only(wit
     with pytest.raises(ChatTemplateError, match="cannot be extended turn by turn") as refused:
         check_extendable(build("qwen3"), TOOLS if with_tools else None)
     message = str(refused.value)
-    assert ("expected '<think>\\n\\n</think>\\n\\n I will work it out. ', got ' I will work it out. <|im_end|>"
-            in message)
+    got = "\\n<tool_call>\\n{\"name" if with_tools else "<|im_end|>"  # the trial turn calls the first tool
+    assert f"expected '<think>\\n\\n</think>\\n\\n I will work it out. ', got ' I will work it out. {got}" in message
     assert "Qwen3's adds an empty <think> block to the last assistant turn only" in message
 
 
@@ -338,21 +418,34 @@ def test_chat_template_settings_are_checked_before_anything_loads(tmp_path):
         "enable_thinking": False}
 
 
-def test_mistral_v0_3_with_tools_is_refused_its_tool_results_need_a_tool_call_id():
-    """Mistral v0.3 renders a tool result only with a 9-character `tool_call_id`, which the tool environment's
-    messages don't carry: refused at start-up with the template's own error. With an id, a tool reply would
-    extend the conversation; a user's reply never does, the tools move to the last user message."""
-    tokenizer = build("mistral_7b_instruct_v0_3")
-    with pytest.raises(ChatTemplateError,
-                       match="Tool call IDs should be alphanumeric strings with length 9!") as refused:
-        check_extendable(tokenizer, TOOLS)
-    assert "tried a user message, an assistant turn and a 'tool' reply" in str(refused.value)
-    turn = ids_of(tokenizer, " [TOOL_CALLS] call it") + [tokenizer.eos_token_id]
-    with_id = [{"role": "tool", "name": "multiply", "content": "408", "tool_call_id": "call00001"}]
-    assert decode(tokenizer, continuation_ids(tokenizer, QUESTION, turn, with_id, TOOLS)) == (
-        '[TOOL_RESULTS] {"content": 408, "call_id": "call00001"}[/TOOL_RESULTS]')
-    with pytest.raises(ChatTemplateError, match=r"expected 'AVAILABLE_TOOLS\] \[.*got 'INST\] What is 12 times 34\?"):
+@pytest.mark.parametrize("name", ["mistral_7b_instruct_v0_3", "mistral_small_3_1_instruct"])
+def test_mistral_tool_results_carry_the_call_ids_and_user_replies_with_tools_do_not_extend(name):
+    """Mistral's templates render a tool result only with a 9-character `tool_call_id`: the tool environment
+    gives the one the model wrote, or call_id(n) (what check_extendable tries); without one the template raises.
+    A user's reply with tools does not extend the conversation (the tools move to the last user message)."""
+    tokenizer = build(name)
+    turn = ids_of(tokenizer, MISTRAL_CALL) + [tokenizer.eos_token_id]
+    assert decode(tokenizer, continuation_ids(tokenizer, QUESTION, turn, TOOL_REPLY, TOOLS)) == (
+        '[TOOL_RESULTS] {"content": 408, "call_id": "a1b2c3d4e"}[/TOOL_RESULTS]')
+    with pytest.raises(ChatTemplateError, match="Tool call IDs should be alphanumeric|no attribute 'tool_call_id'"):
+        continuation_ids(tokenizer, QUESTION, turn, [{"role": "tool", "name": "multiply", "content": "408"}], TOOLS)
+    with pytest.raises(ChatTemplateError, match=r"expected 'AVAILABLE_TOOLS\] \[.*got 'INST\]"):
         continuation_ids(tokenizer, QUESTION, turn, USER_REPLY, TOOLS)
+
+
+@pytest.mark.parametrize("name,parser", sorted(PARSER.items()))
+def test_the_tool_call_parser_must_read_the_format_the_template_teaches(name, parser):
+    """Each template with its parser passes; any other built-in parser is refused naming the one that fits (the
+    model would write calls it never reads). Gemma's templates teach no format: nothing to check."""
+    from verl_hf.agent.parsers import TOOL_CALL_PARSERS, check_parser_fits_template
+
+    template = build(name).chat_template
+    check_parser_fits_template(parser, template)
+    for other in sorted(set(TOOL_CALL_PARSERS) - {parser}):
+        with pytest.raises(ValueError, match=f"tool_call_parser='{other}' reads .* set tool_call_parser='{parser}'"):
+            check_parser_fits_template(other, template)
+    check_parser_fits_template("hermes", build("gemma3_it").chat_template)
+    check_parser_fits_template(lambda text: [], template)  # a user's own parser: theirs to fit
 
 
 @pytest.mark.parametrize("name", ["gemma2_it", "gemma3_it"])
@@ -368,3 +461,68 @@ def test_gemma_refuses_tools_and_renders_no_tool_turn(name):
         "\n<start_of_turn>user\nAnd 408 plus 1?<end_of_turn>\n<start_of_turn>model\n")
     with pytest.raises(Exception, match="Conversation roles must alternate"):
         continuation_ids(tokenizer, QUESTION, turn, TOOL_REPLY)
+
+
+REFUSED = [  # (template, with tools, what the start-up refusal says)
+    ("qwq_32b", True, r"with a turn that thinks first \(<think>...</think>\), the chat template cannot be extended "
+                      r"turn by turn: .*expected '<think>\\nI multiply.\\n</think>\\n\\n I will wo', got ' I will work "
+                      r"it out. \\n<tool_call>"),
+    ("qwq_32b", False, r"with a turn that thinks first .*expected '<think>\\nI multiply.\\n</think>\\n\\n I will wo', "
+                       r"got ' I will work it out. <\|im_end\|>"),
+    ("deepseek_r1_distill_qwen", True, r"the chat template ignores tools=: the model would never see \['multiply'\]"),
+    ("deepseek_v3_1", True, r"the chat template ignores tools=: the model would never see \['multiply'\]"),
+    ("glm_4_5", True, r"the chat template does not end an assistant turn with the token the model ended it with"),
+    ("glm_4_6", False, r"the chat template does not end an assistant turn with the token the model ended it with"),
+    ("phi_4_mini", True, r"cannot be extended turn by turn: .*expected 'assistant\|>', got 'tool\|>408<\|end\|>"),
+    ("phi_4_mini", False, r"cannot be extended turn by turn: .*expected 'assistant\|>', got 'user\|>408<\|end\|>"),
+]
+
+
+@pytest.mark.parametrize("name,with_tools,message", REFUSED, ids=[f"{n}-{'tools' if t else 'no_tools'}"
+                                                                   for n, t, _ in REFUSED])
+def test_templates_that_cannot_be_extended_are_refused_with_the_reason(name, with_tools, message):
+    """QwQ drops an assistant turn's reasoning once another message follows it (the last turn keeps it: caught
+    by the trial turn that thinks first); DeepSeek-R1-Distill's and V3.1's templates show no tools; GLM-4.5/4.6
+    end a turn with no token of its own (the model samples the next role's token, which opens the reply);
+    vLLM's Phi-4-mini template appends the assistant header whether or not a generation prompt is asked for."""
+    with pytest.raises(ChatTemplateError, match=message):
+        check_extendable(build(name), TOOLS if with_tools else None)
+
+
+def test_deepseek_r1_keeps_each_turns_reasoning_as_sampled_where_its_template_drops_it():
+    """DeepSeek-R1-Distill's template renders every assistant turn without its reasoning, the same whatever
+    follows (so it extends turn by turn), and opens each turn with '<think>\\n' in the generation prompt: the
+    training sequence is the prompt, each turn as sampled (reasoning kept, as the model saw it while sampling the
+    next turn) and the template's continuation; the template's rendering of the conversation differs from it by
+    exactly the reasoning."""
+    tokenizer = build("deepseek_r1_distill_qwen")
+    check_extendable(tokenizer)
+    thoughts = ["I multiply.\n</think>", "One more.\n</think>"]  # '<think>\n' came with the prompt
+    answers = ["\n\n12 times 34 is 408.", "\n\n409."]
+    ids, recorded = rollout(tokenizer, QUESTION, [t + a for t, a in zip(thoughts, answers)], [USER_REPLY])
+    assert decode(tokenizer, ids) == (
+        "<｜begin▁of▁sentence｜><｜User｜>What is 12 times 34?<｜Assistant｜><think>\nI multiply.\n</think>\n\n12 times 34 "
+        "is 408.<｜end▁of▁sentence｜><｜User｜>And 408 plus 1?<｜Assistant｜><think>\nOne more.\n</think>\n\n409."
+        "<｜end▁of▁sentence｜>")
+    rendered = render(tokenizer, recorded, None, add_generation_prompt=False)
+    expected = decode(tokenizer, ids)
+    for thought in thoughts:
+        expected = expected.replace("<think>\n" + thought, "")
+    assert rendered == expected
+
+
+def test_gemma3_pythonic_renders_a_call_of_two_arguments_without_their_comma():
+    """vLLM's Gemma 3 pythonic template renders `[multiply(a=12b=34)]` for a call of two arguments (its
+    separator flag is set inside a for loop, where jinja's `set` does not outlive the iteration), which no Python
+    parser reads. The loop's training sequence keeps the call as sampled: only what follows the turn's end comes
+    from the template."""
+    tokenizer = build("gemma3_pythonic")
+    call = "[multiply(a=12, b=34)]"
+    calls = calls_in("gemma3_pythonic", [call])
+    assert calls[0][0]["function"] == {"name": "multiply", "arguments": {"a": 12, "b": 34}}
+    shown = render(tokenizer, conversation(QUESTION, [call], [], calls), TOOLS, add_generation_prompt=False)
+    assert "<start_of_turn>model\n[multiply(a=12b=34)]<end_of_turn>" in shown
+    ids, _ = rollout(tokenizer, QUESTION, [call, "408."], [TOOL_REPLY], TOOLS, [calls[0], ()])
+    assert decode(tokenizer, ids).endswith(
+        "<start_of_turn>model\n[multiply(a=12, b=34)]<end_of_turn>\n<start_of_turn>user\n<tool_response>\n408"
+        "</tool_response><end_of_turn>\n<start_of_turn>model\n408.<end_of_turn>")

@@ -401,3 +401,77 @@ def test_overlong_penalty_hand_example():
     out = overlong_penalty(torch.tensor([5, 6, 8, 10]), max_response_length=10, buffer_len=4)
     assert out.tolist() == [0.0, 0.0, -0.5, -1.0]
     assert overlong_penalty(torch.tensor([10]), 10, 0).tolist() == [0.0]  # off
+
+
+@pytest.mark.parametrize("text, reasoning, content", [
+    ("<think>\nAdd them.\n</think>\n\nThe answer is 5.", "Add them.", "The answer is 5."),  # Qwen3, QwQ
+    ("Add them.\n</think>\n\nThe answer is 5.", "Add them.", "The answer is 5."),  # R1-style: <think> in the prompt
+    ("<think>\n\n</think>\n\nThe answer is 5.", "", "The answer is 5."),  # enable_thinking=False's empty block
+    ("<think>\nAdd them, then", "Add them, then", ""),  # cut off while thinking: no answer yet
+    ("The answer is 5.", "", "The answer is 5."),  # no thinking
+    ("<think>a</think>b</think>c", "a", "c"),  # as Qwen3's template: before the first, after the last
+    ("The <think> tag opens thinking.", "", "The <think> tag opens thinking."),  # only an opening <think> opens it
+])
+def test_split_think_by_hand(text, reasoning, content):
+    from verl_hf.rewards.reasoning import split_think
+
+    assert split_think(text) == (reasoning, content)
+
+
+def test_split_think_when_the_prompt_opened_the_block():
+    """DeepSeek-R1 / QwQ: '<think>\n' ends the prompt, so a completion cut off before </think> is all thinking."""
+    from verl_hf.rewards.reasoning import reasoning_columns, split_think
+
+    assert split_think("Add them, then", opened_in_prompt=True) == ("Add them, then", "")
+    assert split_think("Add them, then", opened_in_prompt=False) == ("", "Add them, then")
+    assert reasoning_columns(["Add them.\n</think>\n\n5.", "Add"], "deepseek_r1") == {
+        "reasoning": ["Add them.", "Add"], "contents": ["5.", ""]}
+
+
+def test_reward_functions_get_the_reasoning_and_the_content_apart_only_when_asked():
+    """The reward stage gives `reasoning` and `contents` with reasoning_format='think' (completions stay whole)
+    and neither without it; so do Safe-RLHF's cost functions."""
+    from verl_hf.batch import RolloutBatch
+    from verl_hf.sample_and_score import RewardSettings, RewardStage
+
+    seen = []
+
+    def judge(prompts, completions, completion_ids, **columns):
+        seen.append((list(completions), columns.get("reasoning"), columns.get("contents")))
+        return [float(c.endswith("5.")) for c in columns.get("contents", completions)]
+
+    texts = ["<think>\nMaybe 4.\n</think>\n\nThe answer is 5.", "<think>\nIt is 5.\n</think>\n\nThe answer is 4."]
+    ids = torch.ones(2, 3, dtype=torch.long)
+    batch = RolloutBatch(prompt_ids=ids, prompt_mask=ids, response_ids=ids, response_mask=ids,
+                         group_ids=torch.zeros(2, dtype=torch.long), truncated=torch.zeros(2, dtype=torch.bool),
+                         prompts=["q", "q"], completions=texts, columns={"answer": ["5", "5"]})
+    settings = dict(reward_on_error="raise", reward_timeout_s=None, max_response_length=8, overlong_buffer_len=0,
+                    overlong_penalty_factor=1.0)
+    result = RewardStage([("judge", judge)], [1.0], RewardSettings(**settings, reasoning_format="think")).run(batch)
+    assert seen[-1] == (texts, ["Maybe 4.", "It is 5."], ["The answer is 5.", "The answer is 4."])
+    assert result.rewards.tolist() == [1.0, 0.0]
+    RewardStage([("judge", judge)], [1.0], RewardSettings(**settings, reasoning_format=None)).run(batch)
+    assert seen[-1] == (texts, None, None)
+    from verl_hf.safety import SafetyConstraint, SafetySettings
+
+    safety = SafetySettings(cost_limit=0.1, lambda_init=1.0, lambda_lr=0.1, lambda_max=None,
+                            lambda_update_delay_steps=0, episode_cost_window_size=8, safety_filter_threshold=None,
+                            reward_timeout_s=None, world_size=1, reasoning_format="think")
+    assert SafetyConstraint([("judge", judge)], safety, None).eval_costs(batch) == [1.0, 0.0]  # costs too
+    assert seen[-1] == (texts, ["Maybe 4.", "It is 5."], ["The answer is 5.", "The answer is 4."])
+
+
+def test_reasoning_format_is_checked_and_its_columns_cannot_be_the_datasets(tmp_path):
+    from datasets import Dataset
+
+    from verl_hf import VerlConfig
+    from verl_hf.data import prepare_datasets
+
+    with pytest.raises(ValueError, match=r"reasoning_format='xml' is unknown; valid: deepseek_r1, think"):
+        VerlConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", reasoning_format="xml")
+    args = VerlConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", reasoning_format="think")
+    rows = Dataset.from_dict({"prompt": ["1+1?"], "reasoning": ["the dataset's own"]})
+    with pytest.raises(ValueError, match=r"train: the run gives reward functions the columns 'reasoning' \(each "
+                                         r"completion's thinking\), 'contents' .*the dataset has \['reasoning'\] "
+                                         r"already. Rename them"):
+        prepare_datasets(rows, None, None, args)

@@ -90,17 +90,23 @@ def _tokenized_row(tokenizer, prompt, index: int, split: str, **kwargs) -> list[
         raise ValueError(f"{split} row {index}: {e}") from None
 
 
+MULTI_TURN_COLUMNS = {"messages": "the whole conversation", "tool_statuses": "each tool call's outcome",
+                      "turn_rewards": "the environment's rewards per turn"}
+
+
 def prepare_prompts(dataset, tokenizer, data_key_map: dict | None, max_prompt_length: int, split: str,
-                    **prompt_kwargs):
+                    given_columns: dict[str, str] | None = None, **prompt_kwargs):
     """Map columns, add `prompt_ids`, drop over-long prompts (logged). Returns the new dataset.
-    `prompt_kwargs`: `tools` and `chat_only` of tokenize_prompt."""
+    `given_columns`: name -> what it holds, of the columns the run adds for reward functions (multi-turn's
+    are added with `chat_only`), which the dataset must not have. `prompt_kwargs`: `tools` and `chat_only`
+    of tokenize_prompt."""
     dataset = apply_key_map(dataset, data_key_map, split)
-    reserved = {"messages", "tool_statuses", "turn_rewards"}
-    taken = sorted(reserved & set(dataset.column_names)) if prompt_kwargs.get("chat_only") else []
+    given = {**(MULTI_TURN_COLUMNS if prompt_kwargs.get("chat_only") else {}), **(given_columns or {})}
+    taken = sorted(set(given) & set(dataset.column_names))
     if taken:
-        raise ValueError(f"{split}: multi-turn rollouts give reward functions the columns 'messages' (the whole "
-                         f"conversation), 'tool_statuses' and 'turn_rewards'; the dataset has {taken} already. "
-                         f"Rename them (data_key_map or Dataset.rename_column).")
+        raise ValueError(f"{split}: the run gives reward functions the columns "
+                         f"{', '.join(f'{name!r} ({given[name]})' for name in given)}; the dataset has {taken} "
+                         f"already. Rename them (data_key_map or Dataset.rename_column).")
     if PROMPT_IDS in dataset.column_names:
         dataset = dataset.remove_columns(PROMPT_IDS)
     dataset = dataset.map(lambda row, i: {PROMPT_IDS: _tokenized_row(tokenizer, row["prompt"], i, split,
@@ -131,10 +137,17 @@ def prompt_options(multi_turn) -> dict:
     return {} if multi_turn is None else {"tools": multi_turn.tools_schema, "chat_only": True}
 
 
+def reasoning_given(args) -> dict[str, str]:
+    """The columns `reasoning_format` gives reward functions (none without it)."""
+    from .rewards.reasoning import REASONING_COLUMNS
+
+    return REASONING_COLUMNS if args.reasoning_format is not None else {}
+
+
 def prepare_datasets(train_dataset, eval_dataset, tokenizer, args, multi_turn=None):
     """(train, eval) prepared with `prepare_prompts` (either may be None; eval may be a dict of named sets),
     with the prompt options of `multi_turn` (prompt_options)."""
-    extra = prompt_options(multi_turn)
+    extra = {**prompt_options(multi_turn), "given_columns": reasoning_given(args)}
 
     def prepare(ds, split):
         return prepare_prompts(ds, tokenizer, args.data_key_map, args.max_prompt_length, split, **extra)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .data import prepare_prompts, prompt_options
+from .data import prepare_prompts, prompt_options, reasoning_given
 from .metrics import accuracy_metric
 from .sample_and_score import RewardStage, SamplingSettings, generate, sampling_kwargs, with_turn_rewards
 
@@ -21,7 +21,7 @@ def as_eval_prompts(dataset, tokenizer, args, prefix: str, multi_turn=None):
     if "prompt_ids" in dataset.column_names:
         return dataset
     return prepare_prompts(dataset, tokenizer, args.data_key_map, args.max_prompt_length, prefix,
-                           **prompt_options(multi_turn))
+                           given_columns=reasoning_given(args), **prompt_options(multi_turn))
 
 
 def evaluate_rewards(actor, rewards: RewardStage, constraint, dataset, args, prefix: str,

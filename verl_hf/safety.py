@@ -23,6 +23,7 @@ import torch
 from .algorithms import group_all_equal, lagrange_multiplier_step, lagrangian_advantages, masked_mean
 from .algorithms import place_outcome_rewards, unsafe_rate
 from .rewards import score_completions
+from .rewards.reasoning import reasoning_columns
 from .settings import Settings
 
 SAFETY_FILE = "safety.json"
@@ -75,6 +76,7 @@ class SafetySettings(Settings):
     safety_filter_threshold: float | None
     reward_timeout_s: float | None
     world_size: int
+    reasoning_format: str | None
 
 
 class SafetyConstraint:
@@ -109,7 +111,8 @@ class SafetyConstraint:
         """Costs of a scored batch; the safety filter marks responses over its threshold as unscored (no
         gradient, no share in their group's baseline)."""
         with metrics.timer("cost"):
-            costs, cost_metrics = self.costs(batch.prompts, batch.completions, batch.completion_ids(), batch.columns)
+            costs, cost_metrics = self.costs(batch.prompts, batch.completions, batch.completion_ids(),
+                                             self._columns(batch))
         batch.costs = costs.to(batch.response_mask.device)
         metrics.record(cost_metrics)
         if self.settings.safety_filter_threshold is not None:
@@ -158,7 +161,11 @@ class SafetyConstraint:
         return [] if self.cost_critic is None else [(self.cost_critic, "cost_values", "cost_returns", "cost_critic")]
 
     def eval_costs(self, batch) -> list[float]:
-        return self.costs(batch.prompts, batch.completions, batch.completion_ids(), batch.columns)[0].tolist()
+        return self.costs(batch.prompts, batch.completions, batch.completion_ids(), self._columns(batch))[0].tolist()
+
+    def _columns(self, batch) -> dict:
+        """The batch's columns and, with a reasoning format, its completions' reasoning and contents apart."""
+        return {**batch.columns, **reasoning_columns(batch.completions, self.settings.reasoning_format)}
 
     # ---------------------------------------------------------------- lambda and its state
     def observe(self, episode_costs: list[float]) -> None:

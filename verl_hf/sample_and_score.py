@@ -12,6 +12,7 @@ import torch
 
 from .batch import RolloutBatch
 from .rewards import score_completions
+from .rewards.reasoning import reasoning_columns
 from .rewards.shaping import overlong_penalty
 from .settings import Settings
 
@@ -54,6 +55,7 @@ class RewardSettings(Settings):
     max_response_length: int
     overlong_buffer_len: int
     overlong_penalty_factor: float
+    reasoning_format: str | None
 
 
 class RewardStage:
@@ -64,9 +66,10 @@ class RewardStage:
         self.funcs, self.weights, self.settings = reward_funcs, reward_weights, settings
 
     def run(self, batch: RolloutBatch):
-        """The functions' `RewardResult` for a batch."""
+        """The functions' `RewardResult` for a batch (its columns, and the completions' reasoning split)."""
+        columns = {**batch.columns, **reasoning_columns(batch.completions, self.settings.reasoning_format)}
         return score_completions(self.funcs, self.weights, prompts=batch.prompts, completions=batch.completions,
-                                 completion_ids=batch.completion_ids(), columns=batch.columns,
+                                 completion_ids=batch.completion_ids(), columns=columns,
                                  on_error=self.settings.reward_on_error, timeout_s=self.settings.reward_timeout_s)
 
     def rewards(self, batch: RolloutBatch):

@@ -146,6 +146,7 @@ def make_multi_turn(args: VerlConfig, tools, environment, tokenizer):
     if not specs and environment is None:
         return None
     from .agent import MultiTurnRollout, as_tools, check_extendable, environment_factory, tool_call_parser
+    from .agent.parsers import check_parser_fits_template
 
     if specs and environment is not None:
         raise ValueError("give tools= (or the config's tools) or environment=, not both: an environment that uses "
@@ -159,6 +160,8 @@ def make_multi_turn(args: VerlConfig, tools, environment, tokenizer):
     tool_map = as_tools(specs)
     schemas = [t.schema for t in tool_map.values()] or None
     tool_call_parser(args.tool_call_parser)
+    if schemas:
+        check_parser_fits_template(args.tool_call_parser, getattr(tokenizer, "chat_template", None))
     check_extendable(tokenizer, schemas)
     make_env = environment_factory(environment, tool_map, args.tool_call_parser, args.max_tool_calls,
                                    args.tool_timeout_s)

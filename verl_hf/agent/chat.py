@@ -12,6 +12,8 @@ See it work: tests/test_agent_tools.py.
 
 from __future__ import annotations
 
+from .environment import call_id
+
 
 class ChatTemplateError(ValueError):
     """The chat template cannot be extended turn by turn (or ignores the tools it is given)."""
@@ -22,16 +24,27 @@ def render(tokenizer, messages: list[dict], tools: list[dict] | None, add_genera
                                          add_generation_prompt=add_generation_prompt)
 
 
+def assistant_turn(tokenizer, turn_ids: list[int], tool_calls=()) -> dict:
+    """The assistant message of a sampled turn (`turn_ids` without its end-of-turn token, decoded with the
+    special tokens kept), with the `tool_calls` read from it where there are any."""
+    return with_calls({"role": "assistant", "content": tokenizer.decode(turn_ids[:-1], skip_special_tokens=False)},
+                      tool_calls)
+
+
+def with_calls(turn: dict, tool_calls) -> dict:
+    return {**turn, "tool_calls": list(tool_calls)} if tool_calls else turn
+
+
 def continuation_ids(tokenizer, messages: list[dict], turn_ids: list[int], new_messages: list[dict],
-                     tools: list[dict] | None = None) -> list[int]:
-    """Ids to append after `turn_ids` (the model's turn, ending with its end-of-turn token) answering
-    `messages` (the conversation it was shown): the rest of the template's closing of that turn, the
-    `new_messages`, and the next assistant header. How the template renders the turn's own text does not
-    matter (some trim it): only what comes after its end-of-turn token, and that the longer conversation
-    renders as an extension of the shorter one (ChatTemplateError otherwise)."""
-    content = tokenizer.decode(turn_ids[:-1], skip_special_tokens=False)
+                     tools: list[dict] | None = None, tool_calls=()) -> list[int]:
+    """Ids to append after `turn_ids` (the model's turn, ending with its end-of-turn token, whose `tool_calls`
+    were read from it) answering `messages` (the conversation it was shown): the rest of the template's closing
+    of that turn, the `new_messages`, and the next assistant header. How the template renders the turn itself
+    does not matter (some trim it, some render the calls from `tool_calls`): only what comes after its
+    end-of-turn token, and that the longer conversation renders as an extension of the shorter one
+    (ChatTemplateError otherwise)."""
     end_of_turn = tokenizer.decode(turn_ids[-1:], skip_special_tokens=False)
-    turn = {"role": "assistant", "content": content}
+    turn = assistant_turn(tokenizer, turn_ids, tool_calls)
     try:
         answered = render(tokenizer, [*messages, turn], tools, add_generation_prompt=False)
         following = render(tokenizer, [*messages, turn, *new_messages], tools, add_generation_prompt=True)
@@ -74,8 +87,9 @@ def _template_that_works(tokenizer) -> str:
 
 def check_extendable(tokenizer, tools: list[dict] | None = None) -> None:
     """Refuse, before any training, a tokenizer without a chat template, a template that ignores `tools`,
-    or one that cannot be extended by suffix (tried on a short conversation: with tools a tool reply,
-    without them a user reply, whose turn text has the spaces some templates trim), naming the shipped template
+    or one that cannot be extended by suffix (tried on a short conversation: with tools a tool reply to a
+    turn that called the first tool, without them a user reply, whose turn text has the spaces some templates
+    trim; again with a turn that thinks first where the template knows </think>), naming the shipped template
     that works where there is one."""
     try:
         _check_extendable(tokenizer, tools)
@@ -86,6 +100,20 @@ def check_extendable(tokenizer, tools: list[dict] | None = None) -> None:
         raise ChatTemplateError(f"{exc}{offer}") from exc.__cause__
 
 
+def _check_keeps_thinking(tokenizer, messages: list[dict], reply: list[dict], tools, calls) -> None:
+    """A template that knows thinking blocks is tried again with a turn that thinks first: templates that drop
+    earlier turns' reasoning (QwQ's, DeepSeek-R1's) would otherwise pass with the plain turn and fail on every
+    real one."""
+    if "</think>" not in tokenizer.chat_template:
+        return
+    turn = tokenizer("<think>\nI multiply.\n</think>\n\n I will work it out. ",
+                     add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+    try:
+        continuation_ids(tokenizer, messages, turn, reply, tools, calls)
+    except ChatTemplateError as exc:
+        raise ChatTemplateError(f"with a turn that thinks first (<think>...</think>), {exc}") from exc.__cause__
+
+
 def _check_extendable(tokenizer, tools: list[dict] | None) -> None:
     if getattr(tokenizer, "chat_template", None) is None:
         raise ChatTemplateError("multi-turn rollouts need a tokenizer with a chat template (tokenizer.chat_template "
@@ -93,8 +121,11 @@ def _check_extendable(tokenizer, tools: list[dict] | None) -> None:
     if tokenizer.eos_token_id is None:
         raise ChatTemplateError("multi-turn rollouts need the tokenizer's eos_token (the end of an assistant turn).")
     messages = [{"role": "user", "content": "What is 12 times 34?"}]
-    reply = [{"role": "tool" if tools else "user", "content": "408"}]
+    reply = [{"role": "tool", "content": "408", "tool_call_id": call_id(1)} if tools else
+             {"role": "user", "content": "408"}]
     turn = tokenizer(" I will work it out. ", add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+    calls = [{"id": call_id(1), "type": "function",
+              "function": {"name": tools[0]["function"]["name"], "arguments": {}}}] if tools else ()
     try:
         if tools:
             shown = render(tokenizer, messages, tools, add_generation_prompt=True)
@@ -103,7 +134,8 @@ def _check_extendable(tokenizer, tools: list[dict] | None) -> None:
                 raise ChatTemplateError(f"the chat template ignores tools=: the model would never see {missing}. "
                                         f"Use a tokenizer whose template renders `tools` (Qwen2.5, Llama 3.1, "
                                         f"Hermes, ...).")
-        continuation_ids(tokenizer, messages, turn, reply, tools)
+        continuation_ids(tokenizer, messages, turn, reply, tools, calls)
+        _check_keeps_thinking(tokenizer, messages, reply, tools, calls)
     except Exception as exc:
         cause = exc.__cause__ if isinstance(exc, ChatTemplateError) else exc
         if isinstance(exc, ChatTemplateError) and cause is None:  # our own finding, already says what and why

@@ -4,9 +4,10 @@ Each sample is a conversation. A turn: every unfinished sample's whole sequence 
 everything after) goes to the engine as a prompt, and the ids it samples are kept as they are (token in,
 token out). Then every sample's environment answers at once (tools and async environments run concurrently
 on the event loop the rewards use), and the answering messages' ids are appended (chat.py). On an engine
-that serves requests concurrently (the vLLM server) each sample plays on its own instead: its turn is a
-request of its own, so no sample waits for another's tools. A sample ends
-when its environment says so (for tools: a turn without a tool call), after `max_turns` turns, when its
+that serves requests concurrently (the vLLM server, and colocated vLLM without tensor parallelism, which
+steps its engine for the requests as they come) each sample plays on its own instead: its turn is a request
+of its own, so no sample waits for another's tools (continuous batching across turns). A sample ends when
+its environment says so (for tools: a turn without a tool call), after `max_turns` turns, when its
 total of `max_tokens` (model and environment tokens together) would be passed, or when a turn reaches the
 sampling's `max_new_tokens` without ending.
 
@@ -31,7 +32,7 @@ from ..batch import RolloutBatch, row_columns
 from ..data import tokenize_prompt
 from ..rewards.calling import RewardTimeout, run_coroutines
 from ..rollout.base import SamplingConfig, left_pad
-from .chat import ChatTemplateError, continuation_ids
+from .chat import ChatTemplateError, continuation_ids, with_calls
 from .environment import Step
 from .tools import call_anyhow
 
@@ -69,11 +70,13 @@ class MultiTurnRollout:
         self.make_env, self.tokenizer, self.tools_schema = make_env, tokenizer, tools_schema
         self.max_turns, self.max_tokens, self.env_timeout_s = max_turns, max_tokens, env_timeout_s
         self.turn_length, self.max_prompt_tokens = turn_length, max_prompt_tokens
+        self.said_in_step = False  # the log line that says an engine plays turns in step, once
 
     def run(self, engine, rows: list[dict], params: SamplingConfig) -> list[Conversation]:
         """`params.num_return_sequences` conversations per row (adjacent), played to their end. The last
         allowed turn is answered too (an environment may score it), but nothing is appended after it. On an
-        engine that `serves_requests_concurrently` (a vLLM server) every sample advances on its own
+        engine that `serves_requests_concurrently` (the vLLM server; colocated vLLM without tensor parallelism)
+        every sample advances on its own
         (`play_independently`); otherwise a round's turns are in step: one batched generate call per turn,
         then every sample's environment at once."""
         n = params.num_return_sequences
@@ -81,6 +84,11 @@ class MultiTurnRollout:
         seeds = None if params.row_seeds is None else [(s, k) for s in params.row_seeds for k in range(n)]
         if getattr(engine, "serves_requests_concurrently", False):
             return self.play_independently(engine, conversations, params, seeds)
+        if not self.said_in_step:
+            logger.info("multi-turn: %s samples every turn of the round in step (one batched generate call per turn),"
+                        " so a slow tool or a long answer holds up the others; the vLLM server and colocated vLLM "
+                        "without tensor parallelism let each sample advance on its own.", type(engine).__name__)
+            self.said_in_step = True
         collective = getattr(engine, "calls_are_collective", False)  # then every turn calls it, maybe with nothing
         for turn in range(self.max_turns):
             active = [i for i, c in enumerate(conversations) if c.stop is None]
@@ -112,8 +120,10 @@ class MultiTurnRollout:
         with ThreadPoolExecutor(threads) as requests:
             games = [self._play(engine, c, replace(params, seed=None), sample_seed(c.index), requests)
                      for c in conversations]
-            results = run_coroutines(games, bound, ["a multi-turn sample"] * len(games),
-                                     setting="max_turns x (vllm_server_timeout_s + env_timeout_s)")
+            serve_while = getattr(engine, "serve_while", lambda work: work())  # colocated vLLM steps its engine
+            results = serve_while(lambda: run_coroutines(games, bound, ["a multi-turn sample"] * len(games),
+                                                         setting="max_turns x (vllm_server_timeout_s + "
+                                                                 "env_timeout_s)"))
         for result in results:
             if isinstance(result, BaseException):
                 raise result
@@ -216,12 +226,13 @@ class MultiTurnRollout:
             c.rewards[len(c.ids) - 1] = float(step.reward)
         before, c.statuses = c.messages, c.statuses + list(step.statuses)
         # The reward functions' `messages` hold the environment's last reply even when no turn follows it.
-        c.messages = [*before, turn, *step.messages]
+        c.messages = [*before, with_calls(turn, step.tool_calls), *step.messages]
         if step.done or last:
             c.stop = "done" if step.done else "max_turns"
             return
         try:
-            suffix = continuation_ids(self.tokenizer, before, c.last_turn, step.messages, self.tools_schema)
+            suffix = continuation_ids(self.tokenizer, before, c.last_turn, step.messages, self.tools_schema,
+                                      step.tool_calls)
         except ChatTemplateError as exc:  # this turn's text: the template's check at start-up passed
             logger.warning("multi-turn: a sample ends early, its continuation failed: %s", exc)
             c.stop = "template"

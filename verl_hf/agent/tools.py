@@ -32,11 +32,13 @@ class Tool:
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One call parsed from the model's text. `error`: why it could not be parsed (the model is told)."""
+    """One call parsed from the model's text. `error`: why it could not be parsed (the model is told).
+    `id`: the call's id where the model wrote one (Mistral's formats); its answer names it."""
 
     name: str | None
     arguments: dict | None = None
     error: str | None = None
+    id: str | None = None
 
 
 STATUSES = ("ok", "error", "timeout", "unknown_tool", "malformed", "over_limit")

@@ -29,7 +29,12 @@ class MultiTurnFields:
                                      "reads a timeout error as the tool's answer. None: no limit."))
     tool_call_parser: Annotated[str, MULTI_TURN] = field(
         default="hermes", metadata=_help("Multi-turn with tools: how calls are read from the model's text: "
-                                         "'hermes' (<tool_call>{json}</tool_call>: Hermes, Qwen2.5, Qwen3)."))
+                                         "'hermes' (<tool_call>{json}</tool_call>: Hermes, Qwen2.5, Qwen3), 'mistral' "
+                                         "([TOOL_CALLS] in its JSON-list and name[ARGS] formats, the ids the model "
+                                         "writes kept for the results), 'llama3_json' (Llama 3.x's {\"name\", "
+                                         "\"parameters\"} turns), 'pythonic' ([tool(arg=value)] lists: Gemma 3 "
+                                         "and Llama 3.2 with vLLM's pythonic templates). Checked against the chat "
+                                         "template's own format."))
     env_timeout_s: Annotated[float | None, MULTI_TURN] = field(
         default=300.0, metadata=_help("Multi-turn: seconds an environment may take to answer one turn (all its "
                                       "tool calls included); past it the run stops with the sample named."))

