@@ -12,7 +12,8 @@ See it work: tests/test_agent_tools.py.
 
 from __future__ import annotations
 
-from .environment import call_id
+from .environment import call_id, template_calls
+from .tools import ToolCall
 
 
 class ChatTemplateError(ValueError):
@@ -124,8 +125,7 @@ def _check_extendable(tokenizer, tools: list[dict] | None) -> None:
     reply = [{"role": "tool", "content": "408", "tool_call_id": call_id(1)} if tools else
              {"role": "user", "content": "408"}]
     turn = tokenizer(" I will work it out. ", add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
-    calls = [{"id": call_id(1), "type": "function",
-              "function": {"name": tools[0]["function"]["name"], "arguments": {}}}] if tools else ()
+    calls = template_calls([ToolCall(tools[0]["function"]["name"], {})], [call_id(1)]) if tools else ()
     try:
         if tools:
             shown = render(tokenizer, messages, tools, add_generation_prompt=True)
