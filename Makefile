@@ -38,7 +38,7 @@ test: install $(VENV)/.installed-vllm
 
 # The fast tier for the edit loop (about a minute): the math, config, data, batch, rewards and sandbox unit tests.
 # No vLLM, no training run longer than a step. `make test` stays the whole suite (what CI runs).
-UNIT_TESTS := tests/test_algorithms.py tests/test_advantages_more.py tests/test_policy_losses.py \
+UNIT_TESTS := tests/test_algorithms.py tests/test_advantages_more.py tests/test_turn_credit.py tests/test_policy_losses.py \
 	tests/test_registry.py tests/test_kl_control.py tests/test_lagrangian.py tests/test_linear_logprobs.py \
 	tests/test_rollout_correction.py tests/test_off_policy.py tests/test_distill.py tests/test_dataset_answers.py tests/test_vocabulary.py tests/test_batch.py tests/test_state.py tests/test_data.py \
 	tests/test_rewards.py tests/test_rewards_calling.py tests/test_verifiers.py tests/test_sandbox.py \

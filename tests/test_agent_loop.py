@@ -328,6 +328,21 @@ def test_reset_opens_the_conversation_and_errors_name_the_sample_in_the_batch(to
         actor.generate_conversations(failing, rows, max_new_tokens=16, num_return_sequences=2)
 
 
+def record_rounds(monkeypatch) -> list:
+    """The batches of every round after their advantages, kept to look at (the real method runs)."""
+    from verl_hf.round import RoundBuilder
+
+    seen, original = [], RoundBuilder.compute_advantages
+
+    def recording(self, batch, step):
+        batch, kl = original(self, batch, step)
+        seen.append(batch)
+        return batch, kl
+
+    monkeypatch.setattr(RoundBuilder, "compute_advantages", recording)
+    return seen
+
+
 def test_ppo_with_a_critic_and_kl_in_the_reward_trains_on_conversations(tool_model, tmp_path, monkeypatch):
     """GAE with a critic over conversations with per-turn rewards and the KL penalty in the reward: values,
     advantages and returns exist on the model's tokens only (the critic is never fitted to tool tokens), and
@@ -336,24 +351,15 @@ def test_ppo_with_a_critic_and_kl_in_the_reward_trains_on_conversations(tool_mod
 
     from conftest import small_config
     from verl_hf import VerlTrainer
-    from verl_hf.round import RoundBuilder
 
     _, tokenizer, path = tool_model
     data = Dataset.from_list([{"prompt": p, "answer": "1"} for p in prompts(16, seed=12)])
-    seen = []
-    original = RoundBuilder.compute_advantages
-
-    def recording(self, batch, step):  # the real method; the round's batch kept to look at
-        batch, kl = original(self, batch, step)
-        seen.append(batch)
-        return batch, kl
-
     args = small_config(tmp_path, reward_funcs=None, reward_weights=None, max_steps=2, max_turns=3,
                         max_response_length=120, max_turn_length=16, per_device_train_batch_size=8, num_generations=1,
                         adv_estimator="gae", critic_learning_rate=1e-3, use_kl_in_reward=True, kl_coef=0.05)
     trainer = VerlTrainer(model=path, args=args, train_dataset=data, environment=CountingGame,
                           reward_funcs=[lambda completions, **kw: [float(len(c) % 2) for c in completions]])
-    monkeypatch.setattr(RoundBuilder, "compute_advantages", recording)
+    seen = record_rounds(monkeypatch)
     trainer.train()
     env = seen[0].env_mask.bool()
     assert env.any() and seen[0].turn_rewards.sum() > 0
@@ -362,6 +368,62 @@ def test_ppo_with_a_critic_and_kl_in_the_reward_trains_on_conversations(tool_mod
     logs = [h for h in trainer.state.log_history if "critic/value_loss" in h]
     assert len(logs) == 2 and all(torch.isfinite(torch.tensor(h["critic/value_loss"])) for h in logs)
     assert all(h["kl/in_reward"] >= 0 for h in trainer.state.log_history if "kl/in_reward" in h)
+
+
+class ParityGame(CountingGame):
+    """CountingGame whose turn reward is the turn's text length parity, so one prompt's samples differ by turn."""
+
+    def step(self, message):
+        from dataclasses import replace
+
+        return replace(super().step(message), reward=float(len(message["content"]) % 2))
+
+
+def test_mt_grpo_credits_each_turn_by_the_environments_turn_rewards(tool_model, tmp_path, monkeypatch):
+    """adv_estimator='mt_grpo' over real conversations: the round's advantages are mt_grpo_advantages of its
+    turn rewards, they differ between a sample's turns, and tool tokens get none. Without an environment (tools
+    alone give no turn rewards) or with Safe-RLHF costs it is refused before any model loads."""
+    from datasets import Dataset
+
+    from conftest import small_config
+    from verl_hf import VerlTrainer
+    from verl_hf.algorithms import mt_grpo_advantages, turn_index
+    from verl_hf.round import advantage_groups
+
+    _, tokenizer, path = tool_model
+    data = Dataset.from_list([{"prompt": p, "answer": "1"} for p in prompts(8, seed=14)])
+    settings = dict(reward_funcs=None, reward_weights=None, max_steps=1, max_turns=3, max_response_length=120,
+                    max_turn_length=16, per_device_train_batch_size=8, num_generations=4, adv_estimator="mt_grpo")
+    args, outcome = small_config(tmp_path, **settings), [lambda completions, **kw: [float(len(c) % 3 == 0) for c in
+                                                                                    completions]]
+    trainer = VerlTrainer(model=path, args=args, train_dataset=data, environment=ParityGame, reward_funcs=outcome)
+    seen = record_rounds(monkeypatch)
+    trainer.train()
+    batch = seen[0]
+    mask = batch.response_mask.float()
+    expected, _ = mt_grpo_advantages(batch.token_level_rewards, mask, advantage_groups(batch), batch.turn_rewards)
+    torch.testing.assert_close(batch.advantages, expected)
+    index, adv = turn_index(mask), batch.advantages
+    by_turn = [{round(adv[r, t].item(), 5) for t in range(mask.shape[1]) if mask[r, t]} for r in range(len(batch))]
+    assert any(len(values) > 1 for values in by_turn), by_turn  # turns of one sample credited apart
+    assert all(len({round(adv[r, t].item(), 5) for t in range(mask.shape[1]) if mask[r, t] and index[r, t] == k}) <= 1
+               for r in range(len(batch)) for k in range(3))  # one value per turn
+    assert (adv[batch.env_mask.bool()] == 0).all()
+
+    class Unrewarding(CountingGame):  # an environment whose step gives no reward: said, not silently GRPO
+        def step(self, message):
+            from dataclasses import replace
+
+            return replace(super().step(message), reward=None)
+
+    quiet = VerlTrainer(model=path, args=small_config(tmp_path, **settings, output_dir=str(tmp_path / "quiet")),
+                        train_dataset=data, environment=Unrewarding, reward_funcs=outcome)
+    with pytest.warns(RuntimeWarning, match="the environment rewarded no turn of this round"):
+        quiet.train()
+    with pytest.raises(ValueError, match="adv_estimator='mt_grpo' credits each turn .* only an environment= gives"):
+        VerlTrainer(model=path, args=args, train_dataset=data, tools=[echo])
+    with pytest.raises(ValueError, match="Safe-RLHF with adv_estimator='mt_grpo'"):
+        small_config(tmp_path, adv_estimator="mt_grpo", cost_funcs=["gsm8k"])
 
 
 def test_an_environment_alone_rewards_a_run(tool_model, tmp_path):

@@ -44,18 +44,19 @@ def _config(**overrides):
 
 
 def test_builtin_estimators_describe_themselves():
-    flags = {name: (s.display_name, s.needs_values, s.needs_groups, s.needs_greedy_baseline, s.one_sample_per_prompt)
-             for name, s in ((n, advantage_spec(n)) for n in ADVANTAGE_ESTIMATORS)}
+    flags = {name: (s.display_name, s.needs_values, s.needs_groups, s.needs_greedy_baseline, s.one_sample_per_prompt,
+                    s.needs_turn_rewards) for name, s in ((n, advantage_spec(n)) for n in ADVANTAGE_ESTIMATORS)}
     assert flags == {
-        "grpo": ("GRPO", False, True, False, False),
-        "rloo": ("RLOO", False, True, False, False),
-        "gae": ("PPO", True, False, False, False),
-        "remax": ("ReMax", False, False, True, True),
-        "reinforce_plus_plus": ("REINFORCE++", False, False, False, True),
-        "reinforce_plus_plus_baseline": ("REINFORCE++ (baseline)", False, True, False, False),
-        "grpo_passk": ("GRPO (pass@k)", False, True, False, False),
-        "opo": ("OPO", False, True, False, False),
-        "gpg": ("GPG", False, True, False, False),
+        "grpo": ("GRPO", False, True, False, False, False),
+        "rloo": ("RLOO", False, True, False, False, False),
+        "gae": ("PPO", True, False, False, False, False),
+        "remax": ("ReMax", False, False, True, True, False),
+        "reinforce_plus_plus": ("REINFORCE++", False, False, False, True, False),
+        "reinforce_plus_plus_baseline": ("REINFORCE++ (baseline)", False, True, False, False, False),
+        "grpo_passk": ("GRPO (pass@k)", False, True, False, False, False),
+        "opo": ("OPO", False, True, False, False, False),
+        "gpg": ("GPG", False, True, False, False, False),
+        "mt_grpo": ("MT-GRPO", False, True, False, False, True),
     }
     grpo = advantage_spec("grpo")
     assert grpo.fn is get_advantage_estimator("grpo")

@@ -14,13 +14,14 @@ See it work: tests/test_round.py, tests/test_trainer_e2e.py, examples/custom_loo
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
 
 from .algorithms import LossNorm, advantage_spec, group_all_equal, group_stats, kl_penalty, masked_mean
-from .algorithms import place_outcome_rewards
+from .algorithms import place_outcome_rewards, turn_rewards_differ
 from .batch import RolloutBatch, concat_batches
 from .dataset_answers import dataset_answers, samples_on_policy
 from .distributed import is_sharded
@@ -200,7 +201,8 @@ class RoundBuilder:
                    and is_sharded(f.model) for f in funcs)
 
     def _split(self, batch: RolloutBatch):
-        return split_informative(batch, self.constraint, self.settings.singleton_group_advantage == "score")
+        return split_informative(batch, self.constraint, self.settings.singleton_group_advantage == "score",
+                                 turn_credit=self.advantage.needs_turn_rewards)
 
     def _refill_rows(self, micro_step: int) -> list[dict]:
         """The next prompts of an independent shuffled stream over the train set (one per process)."""
@@ -286,17 +288,19 @@ class RoundBuilder:
             return batch, None
         with self.metrics.timer("advantage"):
             mask = batch.response_mask.float()
-            token_rewards = place_outcome_rewards(batch.rewards, mask)
-            if batch.turn_rewards is not None:  # an environment's per-turn rewards, on each turn's last token
-                token_rewards = token_rewards + batch.turn_rewards.to(token_rewards)
+            outcome = place_outcome_rewards(batch.rewards, mask)
+            token_rewards = outcome  # plus an environment's per-turn rewards, on each turn's last token
+            if batch.turn_rewards is not None:
+                token_rewards = outcome + batch.turn_rewards.to(outcome)
             if s.use_kl_in_reward and batch.ref_logprobs is not None:
                 kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, s.kl_kind) * mask
                 token_rewards = token_rewards - self.kl_controller.value * kl
+                outcome = outcome - self.kl_controller.value * kl
                 self.metrics.record({"kl/in_reward": masked_mean(kl, mask).item(), "kl/coef": self.kl_controller.value})
                 kl_in_reward = (float((kl * mask).sum()), float(mask.sum()), float(len(batch)))
             batch.token_level_rewards = token_rewards
             estimate = partial(self.estimate, batch)
-            batch.advantages, batch.returns = estimate(token_rewards, batch.values)
+            batch.advantages, batch.returns = estimate(token_rewards, batch.values, outcome_rewards=outcome)
             self.constraint.observe_round(batch, step, self.metrics)
             batch.advantages, batch.cost_returns = self.constraint.advantages(
                 batch, batch.advantages, token_rewards, estimate, self.metrics)
@@ -307,14 +311,20 @@ class RoundBuilder:
                              "advantages/min": response_advantages.min().item() if response_advantages.numel() else 0.0})
         return batch, kl_in_reward
 
-    def estimate(self, batch: RolloutBatch, token_rewards: torch.Tensor, values) -> tuple:
-        """(advantages, returns) of the configured estimator for these per-token rewards."""
+    def estimate(self, batch: RolloutBatch, token_rewards: torch.Tensor, values, outcome_rewards=None) -> tuple:
+        """(advantages, returns) of the configured estimator for these per-token rewards. The reward's estimate
+        also offers the rewards without the environment's turn rewards (`outcome_rewards`, exact rather than
+        subtracted back) and the turn rewards (turn-level credit reads both); the costs' has neither."""
         s = self.settings
+        turns = None if outcome_rewards is None or batch.turn_rewards is None else batch.turn_rewards.to(token_rewards)
+        if self.advantage.needs_turn_rewards and outcome_rewards is not None and (turns is None or not turns.any()):
+            warnings.warn(f"adv_estimator={self.advantage.name!r}: the environment rewarded no turn of this round (its "
+                          "step() returned no Step.reward), so these advantages are GRPO's.", RuntimeWarning)
         return self.advantage(
             token_level_rewards=token_rewards, response_mask=batch.response_mask.float(),
             group_ids=advantage_groups(batch), values=values, reward_baselines=batch.reward_baselines,
-            gamma=s.gamma, lam=s.lam, norm_by_std=s.norm_adv_by_std_in_grpo,
-            singleton_advantage=s.singleton_group_advantage)
+            turn_rewards=turns, outcome_rewards=outcome_rewards, gamma=s.gamma, lam=s.lam,
+            norm_by_std=s.norm_adv_by_std_in_grpo, singleton_advantage=s.singleton_group_advantage)
 
     def plan_micro_batches(self, batch: RolloutBatch) -> list[RolloutBatch]:
         """Cut the round into micro-batches, each carrying its optimizer step's `LossNorm`, so that the
@@ -367,13 +377,16 @@ def episode_reward_metrics(batch: RolloutBatch, valid: torch.Tensor) -> dict[str
             "reward/turns/mean": turns.mean().item()}
 
 
-def split_informative(batch: RolloutBatch, constraint, singleton_informs: bool = False):
+def split_informative(batch: RolloutBatch, constraint, singleton_informs: bool = False, turn_credit: bool = False):
     """(informative rows, flat rows) for dynamic sampling: a group whose scored rewards are all equal is flat;
     the constraint adds its own rule (with Safe-RLHF, a group whose costs differ informs). With
     `singleton_informs` (singleton_group_advantage="score", verl's rule) a group of one scored row informs: its
-    advantage is its score (verl's DAPO filter keeps groups of one too)."""
+    advantage is its score (verl's DAPO filter keeps groups of one too). With `turn_credit` (mt_grpo) a group
+    whose rewards for some turn differ informs, even when its episodes' totals are equal."""
     rewards = with_turn_rewards(batch.rewards, batch)
     flat = constraint.flat_groups(batch, group_all_equal(rewards, batch.group_ids, batch.valid))
+    if turn_credit and batch.turn_rewards is not None:
+        flat = flat & ~turn_rewards_differ(batch.turn_rewards, batch.response_mask, batch.group_ids, batch.valid).to(flat)
     if singleton_informs:
         flat = flat & (group_stats(rewards, batch.group_ids, batch.valid).count != 1)
     return batch.select(~flat), batch.select(flat)

@@ -132,6 +132,10 @@ def refuse_settings_without_effect(args: VerlConfig, tools, environment, teacher
     given = TrainerInputs(tools=bool(_tool_specs(args, tools)), environment=environment is not None,
                           teacher=teacher is not None, lora=lora is not None)
     refuse_fields_that_cannot_apply(args, given)
+    if advantage_spec(args.adv_estimator).needs_turn_rewards and environment is None:
+        raise ValueError(f"adv_estimator={args.adv_estimator!r} credits each turn with the environment's per-turn "
+                         "rewards, which only an environment= gives (its step() returns Step(reward=...)); tools= "
+                         "alone give none. Pass an environment= that rewards turns, or use adv_estimator='grpo'.")
 
 
 def _tool_specs(args: VerlConfig, tools) -> list:

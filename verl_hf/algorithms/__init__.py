@@ -1,6 +1,6 @@
 """Algorithm core of verl_hf: pure tensor-in/tensor-out RL math, no model or trainer code.
 
-Advantage estimators (GRPO, Dr.GRPO, RLOO, GAE, ReMax, ...) turn per-token rewards and prompt
+Advantage estimators (GRPO, Dr.GRPO, RLOO, GAE, ReMax, MT-GRPO's turn-level credit, ...) turn per-token rewards and prompt
 group ids into per-token advantages (group statistics in ``groups``); policy losses (PPO clip with DAPO
 clip-higher and dual-clip, REINFORCE, GSPO, SAPO, CISPO, GPG, Clip-Cov, KL-Cov, GMPO) turn log-probs and advantages into a
 scalar loss plus float metrics, reduced by ``agg_loss`` with a ``LossNorm`` whose whole-step
@@ -41,6 +41,7 @@ from .utils import (
 from .kl import KL_KINDS, kl_penalty
 from .losses import LOSS_AGG_MODES, LossNorm, agg_loss, sequence_count, value_loss
 from .advantages import SINGLETON_ADVANTAGES, gae_advantages, grpo_advantages, remax_advantages, rloo_advantages
+from .turn_credit import mt_grpo_advantages, turn_index, turn_rewards_differ  # registers mt_grpo
 from .policy_losses import ClippedSurrogate, clipped_surrogate, ppo_clip_loss, reinforce_loss  # registers every loss
 from .rollout_correction import IS_LEVELS, IS_MODES, rollout_is_weights
 from .off_policy import loglinear_proximal_logprobs, partial_fraction, staleness_metrics, token_staleness
@@ -74,6 +75,9 @@ __all__ = [
     "ppo_clip_loss",
     "reinforce_loss",
     "grpo_advantages",
+    "mt_grpo_advantages",
+    "turn_index",
+    "turn_rewards_differ",
     "gae_advantages",
     "remax_advantages",
     "value_loss",

@@ -42,8 +42,12 @@ def _scores(token_level_rewards: torch.Tensor) -> torch.Tensor:
     # Not masked: like verl, the reward of an empty response may sit on a padded position and must
     # still count towards its group's baseline.  In fp64 (verl: fp32), so that the group statistics of large
     # finite rewards do not overflow (the square of a 3e38 reward); the advantages are cast back at the end.
-    wide = torch.float32 if token_level_rewards.device.type == "mps" else torch.float64  # MPS has no fp64
-    return token_level_rewards.to(wide).sum(-1)
+    return token_level_rewards.to(wide_float(token_level_rewards.device)).sum(-1)
+
+
+def wide_float(device: torch.device) -> torch.dtype:
+    """fp64 for group statistics, fp32 on MPS (which has no fp64)."""
+    return torch.float32 if device.type == "mps" else torch.float64
 
 
 def _broadcast(adv: torch.Tensor, token_level_rewards: torch.Tensor, response_mask: torch.Tensor):

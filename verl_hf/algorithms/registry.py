@@ -4,7 +4,7 @@ Built-ins register themselves on import of ``verl_hf.algorithms``; users add the
 ``@register_advantage("name", ...)`` / ``@register_policy_loss("name", hyperparameters={...})`` and select
 them by name from a config string.  ``ADVANTAGE_ESTIMATORS`` / ``POLICY_LOSSES`` stay plain name -> function
 dicts; ``advantage_spec(name)`` / ``policy_loss_spec(name)`` add what each entry needs (values, groups, a
-greedy baseline; its hyper-parameters and their defaults), so the config checks, the round builder and the
+greedy baseline, per-turn rewards; its hyper-parameters and their defaults), so the config checks, the round builder and the
 model card ask the registry instead of comparing names.
 
 See it work: tests/test_registry.py
@@ -38,7 +38,8 @@ class AdvantageSpec:
 
     needs_values: a critic's values (B, T) (GAE); needs_groups: several samples per prompt, its baseline comes
     from the other samples (num_generations >= 2); needs_greedy_baseline: the reward of each prompt's greedy
-    response as ``reward_baselines`` (ReMax); one_sample_per_prompt: works with one sample per prompt.
+    response as ``reward_baselines`` (ReMax); one_sample_per_prompt: works with one sample per prompt;
+    needs_turn_rewards: an environment's per-turn rewards as ``turn_rewards`` (MT-GRPO), so an ``environment=``.
     """
 
     name: str
@@ -48,6 +49,7 @@ class AdvantageSpec:
     needs_groups: bool = False
     needs_greedy_baseline: bool = False
     one_sample_per_prompt: bool = False
+    needs_turn_rewards: bool = False
     display_name_no_std: Optional[str] = None  # the name when the group std is not divided out (Dr.GRPO)
 
     def __call__(self, *args, **inputs):
@@ -146,7 +148,7 @@ def _check_free(table: Dict[str, Callable], what: str, name: str, override: bool
 def register_advantage(name: str, *, display_name: Optional[str] = None, needs_values: Optional[bool] = None,
                        needs_groups: Optional[bool] = None, needs_greedy_baseline: Optional[bool] = None,
                        one_sample_per_prompt: Optional[bool] = None, display_name_no_std: Optional[str] = None,
-                       override: bool = False):
+                       needs_turn_rewards: Optional[bool] = None, override: bool = False):
     """Decorator: register ``fn(token_level_rewards, response_mask, group_ids, **kw) -> (advantages, returns)``.
 
     Formula: ADVANTAGE_ESTIMATORS[name] = fn, with an AdvantageSpec of the flags (False by default,
@@ -158,7 +160,8 @@ def register_advantage(name: str, *, display_name: Optional[str] = None, needs_v
     def deco(fn: Callable) -> Callable:
         _check_free(ADVANTAGE_ESTIMATORS, "advantage estimator", name, override)
         given = {"needs_values": needs_values, "needs_groups": needs_groups,
-                 "needs_greedy_baseline": needs_greedy_baseline, "one_sample_per_prompt": one_sample_per_prompt}
+                 "needs_greedy_baseline": needs_greedy_baseline, "one_sample_per_prompt": one_sample_per_prompt,
+                 "needs_turn_rewards": needs_turn_rewards}
         previous = _ADVANTAGE_SPECS.get(name)
         flags = {k: (v if v is not None else bool(previous and getattr(previous, k))) for k, v in given.items()}
         ADVANTAGE_ESTIMATORS[name] = fn

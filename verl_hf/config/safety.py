@@ -65,6 +65,10 @@ def check_safety(cfg) -> None:
     if spec.needs_greedy_baseline:
         raise ValueError(f"Safe-RLHF needs an advantage for costs too, but {spec.display_name}'s baseline is the greedy "
                          f"response's reward; use adv_estimator='gae' (PPO-Lagrangian), 'grpo' or 'rloo' with costs.")
+    if spec.needs_turn_rewards:
+        raise ValueError(f"Safe-RLHF with adv_estimator={cfg.adv_estimator!r}: its turn-level credit reads the "
+                         f"environment's per-turn rewards, and costs have no such turns; use adv_estimator='grpo' or "
+                         f"'rloo' with costs.")
     raise_first_failed(cfg, [
         ("lambda_init", cfg.lambda_init > 0, "must be > 0 (it is kept as log(lambda))"),
         ("lambda_lr", cfg.lambda_lr >= 0, "must be >= 0"),
