@@ -19,6 +19,7 @@ from pathlib import Path
 
 DEMO_CONFIG = Path(__file__).parent / "demo" / "demo.yaml"
 DEMO_TASKS = {"addition": DEMO_CONFIG, "tools": DEMO_CONFIG.parent / "tools.yaml",
+              "tools-mistral": DEMO_CONFIG.parent / "tools_mistral.yaml",
               "distill": DEMO_CONFIG.parent / "distill.yaml"}
 # What a person can fix from the message alone: the CLI prints it and exits 2, with the traceback in a file
 # (`--traceback` raises it instead; not `--debug`, which is a TrainingArguments field).

@@ -52,9 +52,11 @@ def peft_config_of(script: ScriptArguments):
 
 
 def load_policy_path(name: str) -> str:
-    from .demo import TOOLS_WARM_START_DIR, WARM_START_DIR
+    from .demo import FAMILY_WARM_START_DIRS, TOOLS_WARM_START_DIR, WARM_START_DIR
 
-    return str({"demo": WARM_START_DIR, "demo-tools": TOOLS_WARM_START_DIR}.get(name, name))
+    shipped = {"demo": WARM_START_DIR, "demo-tools": TOOLS_WARM_START_DIR,
+               **{f"demo-tools-{name}": path for name, path in FAMILY_WARM_START_DIRS.items()}}
+    return str(shipped.get(name, name))
 
 
 def load_splits(script: ScriptArguments):

@@ -76,12 +76,15 @@ def main(argv=None):
                         help="dev accuracy to stop at (default: 0.30 for addition, 0.15 sampled for tools)")
     parser.add_argument("--tool_share", type=float, default=0.3, help="tools: the share of conversations that "
                         "call the tool")
+    parser.add_argument("--family", choices=("llama", "qwen3", "mistral"), default="llama",
+                        help="tools: the model family and its format (verl_hf/demo/families.py)")
     args = parser.parse_args(argv)
     if args.task == "tools":
         from .sft_tools import build_tools_warm_start
 
         print(build_tools_warm_start(args.output_dir, seed=args.seed, tool_share=args.tool_share,
-                                     target_accuracy=0.15 if args.target_accuracy is None else args.target_accuracy))
+                                     target_accuracy=0.15 if args.target_accuracy is None else args.target_accuracy,
+                                     family_name=args.family))
     else:
         print(build_warm_start(args.output_dir, seed=args.seed,
                                target_accuracy=0.30 if args.target_accuracy is None else args.target_accuracy))

@@ -65,19 +65,39 @@ CHAT_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOOL_CALL_TOKENS = ["<tool_call>", "</tool_call>"]  # single tokens, as in Qwen2.5's vocabulary
 
 
-def build_chat_tokenizer(corpus: list[str], vocab_size: int = 400) -> PreTrainedTokenizerFast:
+def build_chat_tokenizer(corpus: list[str], vocab_size: int = 400, family=None) -> PreTrainedTokenizerFast:
     """Byte-level BPE trained on `corpus`, digits always one token each (so numbers are copied digit by digit,
-    as Llama 3's and Qwen's tokenizers split them), ChatML specials, eos <|im_end|>, the CHAT_TEMPLATE."""
+    as Llama 3's and Qwen's tokenizers split them), ChatML specials, eos <|im_end|>, the CHAT_TEMPLATE; or those
+    of a tool-demo `family` (families.py)."""
     from tokenizers import AddedToken, pre_tokenizers, trainers
 
+    specials = list(family.specials) if family else CHAT_SPECIAL_TOKENS
+    singles = list(family.single_tokens) if family else TOOL_CALL_TOKENS
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
                                                      pre_tokenizers.ByteLevel(add_prefix_space=False)])
     backend.decoder = decoders.ByteLevel()
-    backend.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=CHAT_SPECIAL_TOKENS,
+    backend.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=family.vocab_size if family else vocab_size,
+                                                            special_tokens=specials,
                                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_CALL_TOKENS])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<|endoftext|>", eos_token="<|im_end|>",
-                                        bos_token=None, padding_side="left")
-    tokenizer.chat_template = CHAT_TEMPLATE
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in singles])
+    tokens = dict(pad_token=family.pad, eos_token=family.eos, bos_token=family.bos) if family else dict(
+        pad_token="<|endoftext|>", eos_token="<|im_end|>", bos_token=None)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, padding_side="left", **tokens)
+    tokenizer.chat_template = family.chat_template() if family else CHAT_TEMPLATE
     return tokenizer
+
+
+def build_tiny_model(model_type: str, tokenizer, hidden_size: int = 128, num_layers: int = 2, seed: int = 0,
+                     max_positions: int = 256):
+    """A tiny model of `model_type` ('llama', 'qwen3', 'mistral', ...) shaped as build_tiny_llama's."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model(
+        model_type, vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=4 * hidden_size,
+        num_hidden_layers=num_layers, num_attention_heads=hidden_size // 64, num_key_value_heads=hidden_size // 64,
+        head_dim=64, max_position_embeddings=max_positions, tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)
+    return AutoModelForCausalLM.from_config(config)

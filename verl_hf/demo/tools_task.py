@@ -69,11 +69,12 @@ def tools_splits(seed: int = 0, num_train: int = 4000, num_test: int = 200, num_
     return train, dev, test
 
 
-def sft_conversations(dataset: Dataset, tool_share: float, seed: int) -> list[list[dict]]:
-    """One conversation per row: with the tool for a `tool_share` of them, else answered directly with the
-    true product, which the tiny model cannot learn to compute: it learns to guess."""
-    rng = random.Random(seed)
-    return [conversation(a, b, use_tool=rng.random() < tool_share) for a, b in dataset["operands"]]
+def sft_conversations(dataset: Dataset, tool_share: float, seed: int, family=None) -> list[list[dict]]:
+    """One conversation per row, in the format of `family` (families.py; None: the Llama demo's): with the tool
+    for a `tool_share` of them, else answered directly with the true product, which the tiny model cannot
+    learn to compute: it learns to guess."""
+    rng, make = random.Random(seed), family.conversation if family is not None else conversation
+    return [make(a, b, use_tool=rng.random() < tool_share) for a, b in dataset["operands"]]
 
 
 def _pairs(ds: Dataset) -> set[tuple[int, int]]:
@@ -84,11 +85,19 @@ def correct_tool_call(prompts, completions, completion_ids, messages, tool_statu
     """1.0 for a conversation whose tool calls all ran (well-formed, known tool, in time) and include
     `multiply` of the problem's own operands, else 0.0: the share of correct, well-formed tool use (the demo
     logs it with weight 0; it is not part of the reward)."""
-    from ..agent import parse_hermes
-
     scores = []
     for conversation_messages, statuses, (a, b) in zip(messages, tool_statuses, operands):
-        calls = [call for m in conversation_messages if m["role"] == "assistant" for call in parse_hermes(m["content"])]
-        right = any(c.name == "multiply" and c.arguments in ({"a": a, "b": b}, {"a": b, "b": a}) for c in calls)
+        calls = [call for m in conversation_messages if m["role"] == "assistant" for call in _calls(m)]
+        right = any(name == "multiply" and args in ({"a": a, "b": b}, {"a": b, "b": a}) for name, args in calls)
         scores.append(float(right and bool(statuses) and all(s == "ok" for s in statuses)))
     return scores
+
+
+def _calls(message: dict) -> list[tuple]:
+    """(name, arguments) of an assistant message's calls: those the tool environment read (its `tool_calls`,
+    whatever the family's format), else the Hermes calls in its text."""
+    from ..agent import parse_hermes
+
+    if message.get("tool_calls"):
+        return [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]]
+    return [(c.name, c.arguments) for c in parse_hermes(message["content"])]
