@@ -1,5 +1,6 @@
-"""The tool demo: its task and tool, its chat tokenizer, the shipped warm start (uses the tool sometimes, never
-when greedy), the SFT script that builds it, and `verl-hf demo --task tools` learning to use the tool."""
+"""The tool demo: its task and tool, its chat tokenizer, the shipped warm starts (use the tool sometimes, never
+when greedy), the SFT script that builds them, each family's format (families.py), and `verl-hf demo --task tools`
+and `--task tools-mistral` learning to use the tool."""
 
 import json
 import os
@@ -75,6 +76,7 @@ def test_shipped_warm_start_uses_the_tool_sometimes_and_never_when_greedy(warm_s
     model, tokenizer = warm_start if name == "llama" else (AutoModelForCausalLM.from_pretrained(path),
                                                            AutoTokenizer.from_pretrained(path))
     assert model.config.model_type == family(name).model_type
+    assert tokenizer.chat_template == family(name).chat_template()  # the format its SFT taught
     size = sum(os.path.getsize(path / f) for f in os.listdir(path))
     assert size < 5 * 1024 * 1024
     _, _, test = tools_splits()
@@ -82,7 +84,8 @@ def test_shipped_warm_start_uses_the_tool_sometimes_and_never_when_greedy(warm_s
     greedy, sampled = (tool_accuracy(model, tokenizer, test, do_sample=sample, parser=chosen.parser,
                                      turn_length=chosen.turn_length) for sample in (False, True))
     assert greedy == {"accuracy": 0.0, "tool_calls": 0.0}  # it guesses: the room RL has to learn in
-    assert 0.15 <= sampled["tool_calls"] <= 0.5 and 0.05 <= sampled["accuracy"] <= sampled["tool_calls"], sampled
+    most_calls = {"llama": 0.4, "mistral": 0.45}[name]  # measured: 0.25 and 0.375 calls per problem
+    assert 0.15 <= sampled["tool_calls"] <= most_calls and 0.05 <= sampled["accuracy"] <= sampled["tool_calls"], sampled
 
 
 def test_sft_script_builds_a_loadable_tool_checkpoint(tmp_path):

@@ -1,9 +1,10 @@
-"""`verl-hf`: `train CONFIG.yaml [--field value ...]`, `demo [--task tools|distill] [--field value ...]`, `env`,
-`vllm-serve MODEL`.
+"""`verl-hf`: `train CONFIG.yaml [--field value ...]`, `demo [--task tools|tools-mistral|distill] [--field value ...]`,
+`env`, `vllm-serve MODEL`.
 
 A YAML file sets any `VerlConfig` / `ScriptArguments` field; flags after it override single fields.
 `verl-hf demo` is `verl-hf train` on the packaged demo config (verl_hf/demo/demo.yaml); `--task tools` on
-the tool demo's (verl_hf/demo/tools.yaml: multi-turn GRPO with a `multiply` tool); `--task distill` distills
+the tool demo's (verl_hf/demo/tools.yaml: multi-turn GRPO with a `multiply` tool), `--task tools-mistral` on
+the same in Mistral's tool format (tools_mistral.yaml); `--task distill` distills
 the GRPO demo's model into the warm start and compares the two runs (verl_hf/demo/distill_demo.py).
 
 See it work: tests/test_cli.py.
@@ -198,7 +199,7 @@ def _traceback_file(error: BaseException) -> str:
 
 
 def _run_command(argv: list[str]) -> int:
-    usage = ("usage: verl-hf {train CONFIG.yaml | demo [--task tools|distill] | env | vllm-serve MODEL} "
+    usage = ("usage: verl-hf {train CONFIG.yaml | demo [--task tools|tools-mistral|distill] | env | vllm-serve MODEL} "
              "[--field value ...]")
     if not argv or argv[0] in ("-h", "--help"):
         print(usage + "\n\n" + __doc__.split("\n\n")[1])

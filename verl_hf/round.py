@@ -386,7 +386,8 @@ def split_informative(batch: RolloutBatch, constraint, singleton_informs: bool =
     rewards = with_turn_rewards(batch.rewards, batch)
     flat = constraint.flat_groups(batch, group_all_equal(rewards, batch.group_ids, batch.valid))
     if turn_credit and batch.turn_rewards is not None:
-        flat = flat & ~turn_rewards_differ(batch.turn_rewards, batch.response_mask, batch.group_ids, batch.valid).to(flat)
+        differ = turn_rewards_differ(batch.turn_rewards, batch.response_mask, batch.group_ids, batch.valid)
+        flat = flat & ~differ.to(flat)
     if singleton_informs:
         flat = flat & (group_stats(rewards, batch.group_ids, batch.valid).count != 1)
     return batch.select(~flat), batch.select(flat)

@@ -20,8 +20,8 @@ from .distributed import local_parameter_bytes
 @dataclass
 class ScriptArguments:
     model_name_or_path: str = field(
-        default="demo", metadata={"help": "Policy id or path; 'demo' / 'demo-tools' = the shipped tiny warm starts "
-                                          "of the addition and the tool demo."}
+        default="demo", metadata={"help": "Policy id or path; 'demo' / 'demo-tools' / 'demo-tools-mistral' = the "
+                                          "shipped tiny warm starts of the addition and the tool demos."}
     )
     dataset_name: str = field(
         default="verl_hf:addition",
@@ -55,7 +55,7 @@ def load_policy_path(name: str) -> str:
     from .demo import FAMILY_WARM_START_DIRS, TOOLS_WARM_START_DIR, WARM_START_DIR
 
     shipped = {"demo": WARM_START_DIR, "demo-tools": TOOLS_WARM_START_DIR,
-               **{f"demo-tools-{name}": path for name, path in FAMILY_WARM_START_DIRS.items()}}
+               **{f"demo-tools-{family}": path for family, path in FAMILY_WARM_START_DIRS.items()}}
     return str(shipped.get(name, name))
 
 

@@ -1,6 +1,7 @@
 """The tool demo's warm start (`python -m verl_hf.demo.sft --task tools`): a tokenizer trained on the task's
-conversations, a tiny Llama, and supervised training on whole conversations (tools_task.py), stopped once
-sampled dev accuracy through the tool reaches the target. See sft.py for why stopping on accuracy.
+conversations, a tiny model of the chosen family (families.py: Llama, Qwen3 or Mistral, each in its own tool
+format), and supervised training on whole conversations (tools_task.py), stopped once sampled dev accuracy
+through the tool reaches the target. See sft.py for why stopping on accuracy.
 
 See it work: tests/test_demo_tools.py.
 """
@@ -9,10 +10,10 @@ from __future__ import annotations
 
 from datasets import Dataset
 
-from .sft_loop import StopAtAccuracy, pad_collate, train_until
-from .task import ANSWER_PREFIX
 from ..rewards.reasoning import split_think
 from .families import Family, family
+from .sft_loop import StopAtAccuracy, pad_collate, train_until
+from .task import ANSWER_PREFIX
 from .tiny import build_chat_tokenizer, build_tiny_model
 from .tools_task import multiply, sft_conversations, tools_splits
 

@@ -65,7 +65,7 @@ CHAT_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOOL_CALL_TOKENS = ["<tool_call>", "</tool_call>"]  # single tokens, as in Qwen2.5's vocabulary
 
 
-def build_chat_tokenizer(corpus: list[str], vocab_size: int = 400, family=None) -> PreTrainedTokenizerFast:
+def build_chat_tokenizer(corpus: list[str], vocab_size: int | None = None, family=None) -> PreTrainedTokenizerFast:
     """Byte-level BPE trained on `corpus`, digits always one token each (so numbers are copied digit by digit,
     as Llama 3's and Qwen's tokenizers split them), ChatML specials, eos <|im_end|>, the CHAT_TEMPLATE; or those
     of a tool-demo `family` (families.py)."""
@@ -77,7 +77,8 @@ def build_chat_tokenizer(corpus: list[str], vocab_size: int = 400, family=None) 
     backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
                                                      pre_tokenizers.ByteLevel(add_prefix_space=False)])
     backend.decoder = decoders.ByteLevel()
-    backend.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=family.vocab_size if family else vocab_size,
+    vocab_size = vocab_size or (family.vocab_size if family else 400)
+    backend.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=vocab_size,
                                                             special_tokens=specials,
                                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in singles])
