@@ -22,9 +22,9 @@ def test_yaml_then_overrides():
 def test_examples_configs_are_the_packaged_demo_configs():
     from verl_hf.cli import DEMO_TASKS
 
-    assert (REPO / "examples" / "configs" / "demo.yaml").read_text() == DEMO_CONFIG.read_text()
-    assert (REPO / "examples" / "configs" / "tools.yaml").read_text() == DEMO_TASKS["tools"].read_text()
-    assert (REPO / "examples" / "configs" / "distill.yaml").read_text() == DEMO_TASKS["distill"].read_text()
+    assert DEMO_TASKS["addition"] == DEMO_CONFIG
+    for task, packaged in DEMO_TASKS.items():
+        assert (REPO / "examples" / "configs" / packaged.name).read_text() == packaged.read_text(), task
 
 
 def test_unknown_yaml_field(tmp_path):
