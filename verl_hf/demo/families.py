@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from .task import ANSWER_PREFIX
 
 SIGNATURES = ("{% for t in tools %}{{ t['function']['name'] }}({{ t['function']['parameters']['properties'] | list | "
               "join(', ') }}){% if not loop.last %} {% endif %}{% endfor %}")
@@ -68,28 +67,26 @@ class Family:
     def conversation(self, a: int, b: int, use_tool: bool) -> list[dict]:
         """A whole demo conversation in this family's format: with the tool (call, result, answer), or
         answered directly (one turn)."""
-        question = {"role": "user", "content": f"What is {a} times {b}?"}
-        answer = f"{ANSWER_PREFIX}{a * b}"
+        from .tools_task import conversation
+
+        if self.name == "llama":  # the demo's own (Hermes calls)
+            return conversation(a, b, use_tool)
+        question, answer = conversation(a, b, use_tool=False)
+        said = answer["content"]
         if self.name == "qwen3":
             if not use_tool:
-                return [question, {"role": "assistant", "content": f"<think>\nI know it.\n</think>\n\n{answer}"}]
+                return [question, {"role": "assistant", "content": f"<think>\nI know it.\n</think>\n\n{said}"}]
             call = json.dumps({"name": "multiply", "arguments": {"a": a, "b": b}})
             return [question, {"role": "assistant", "content": f"<think>\nI use the tool.\n</think>\n\n"
                                                                f"<tool_call>\n{call}\n</tool_call>"},
                     {"role": "tool", "name": "multiply", "content": str(a * b)},
-                    {"role": "assistant", "content": f"<think>\nThe tool says {a * b}.\n</think>\n\n{answer}"}]
-        if not use_tool:
-            return [question, {"role": "assistant", "content": answer}]
-        if self.name == "mistral":  # the call rendered from tool_calls, with the id a Mistral model writes
-            call = {"id": "call00001", "type": "function", "function": {"name": "multiply", "arguments": {"a": a, "b": b}}}
-            return [question, {"role": "assistant", "content": "", "tool_calls": [call]},
-                    {"role": "tool", "name": "multiply", "content": str(a * b), "tool_call_id": "call00001"},
-                    {"role": "assistant", "content": answer}]
-        from .tools_task import tool_call_text
-
-        return [question, {"role": "assistant", "content": tool_call_text(a, b)},
-                {"role": "tool", "name": "multiply", "content": str(a * b)},
-                {"role": "assistant", "content": answer}]
+                    {"role": "assistant", "content": f"<think>\nThe tool says {a * b}.\n</think>\n\n{said}"}]
+        if not use_tool:  # mistral
+            return [question, answer]
+        # the call rendered from tool_calls, with the id a Mistral model writes
+        call = {"id": "call00001", "type": "function", "function": {"name": "multiply", "arguments": {"a": a, "b": b}}}
+        return [question, {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "name": "multiply", "content": str(a * b), "tool_call_id": "call00001"}, answer]
 
 
 def _families() -> dict[str, Family]:
