@@ -1,0 +1,76 @@
+"""Tiny vision-language models of real architectures, built locally with random weights (no download).
+
+`build_tiny_qwen2_vl` gives a `Qwen2VLForConditionalGeneration` (vision tower, patch merger, M-RoPE language
+model; heads 64 wide for vLLM's CPU attention) and its processor: a byte-level BPE with Qwen2-VL's vision
+tokens, a ChatML template that renders image parts as `<|vision_start|><|image_pad|><|vision_end|>`, and the
+PIL image processor (14-pixel patches merged 2x2, so a 56x84 image is 6 tokens).
+
+The processor is `ImageOnlyQwen2VLProcessor`: Qwen2-VL's own, without its video processor, which needs
+torchvision, a package that cannot be installed beside the CPU build of torch these machines use. It renders,
+expands and processes images exactly as `Qwen2VLProcessor` does.
+
+See it work: tests/test_vision_inputs.py.
+"""
+
+from __future__ import annotations
+
+from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil, Qwen2VLProcessor
+
+from .tiny import build_chat_tokenizer
+
+VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+VISION_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}{{ m['content'] }}"
+    "{% else %}{% for p in m['content'] %}{% if p['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% else %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
+    """Qwen2-VL's processor without the video processor (which needs torchvision)."""
+
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+        super(Qwen2VLProcessor, self).__init__(image_processor, tokenizer, chat_template=chat_template)
+        self.image_token, self.video_token = "<|image_pad|>", "<|video_pad|>"
+        self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
+        self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
+
+
+def build_vision_processor(corpus: list[str], vocab_size: int = 400, min_pixels: int = 4 * 28 * 28,
+                           max_pixels: int = 64 * 28 * 28) -> ImageOnlyQwen2VLProcessor:
+    """A Qwen2-VL processor whose BPE is trained on `corpus`; images are resized to between `min_pixels` and
+    `max_pixels` (multiples of 28x28 pixels, one image token each)."""
+    tokenizer = build_chat_tokenizer(corpus, vocab_size=vocab_size)
+    tokenizer.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
+    tokenizer.chat_template = VISION_CHAT_TEMPLATE
+    images = Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels)
+    return ImageOnlyQwen2VLProcessor(image_processor=images, tokenizer=tokenizer, chat_template=VISION_CHAT_TEMPLATE)
+
+
+def build_tiny_qwen2_vl(processor, hidden_size: int = 128, num_layers: int = 2, vision_depth: int = 2,
+                        seed: int = 0, max_positions: int = 1024):
+    """A random-weight `Qwen2VLForConditionalGeneration` for `processor`'s tokens: heads 64 wide in the
+    language model and the vision tower, tied embeddings."""
+    import torch
+    from transformers.models.qwen2_vl import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    tokenizer = processor.tokenizer
+    ids = {f"{name}_token_id": tokenizer.convert_tokens_to_ids(token) for name, token in
+           [("image", "<|image_pad|>"), ("video", "<|video_pad|>"), ("vision_start", "<|vision_start|>"),
+            ("vision_end", "<|vision_end|>")]}
+    special = dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                   bos_token_id=tokenizer.bos_token_id)
+    half = 64 // 2  # M-RoPE splits each head's 32 rotary frequencies over (t, h, w)
+    config = Qwen2VLConfig(
+        text_config=dict(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                         num_hidden_layers=num_layers, num_attention_heads=hidden_size // 64,
+                         num_key_value_heads=hidden_size // 64, max_position_embeddings=max_positions,
+                         rope_scaling={"type": "mrope", "mrope_section": [half // 4, 3 * half // 8, 3 * half // 8]},
+                         tie_word_embeddings=True, **special),
+        vision_config=dict(depth=vision_depth, embed_dim=hidden_size, hidden_size=hidden_size,
+                           num_heads=hidden_size // 64, mlp_ratio=2, patch_size=14, spatial_merge_size=2,
+                           temporal_patch_size=2, in_chans=3),
+        tie_word_embeddings=True, **ids, **special)
+    torch.manual_seed(seed)
+    return Qwen2VLForConditionalGeneration(config)

@@ -1,0 +1,62 @@
+"""Pixel inputs that travel with their rows: each row keeps its own, and a micro-batch joins its rows' in order.
+
+A processor packs a batch's pixels in ways that differ by family: Qwen2-VL flattens every image of every row
+into one (patches, features) tensor that only the grids (`image_grid_thw`) can cut again, Gemma-3 stacks one
+(C, H, W) per image. Cutting such a tensor by a micro-batch's row indices is the bug TRL #6274 reports (pixels
+of the wrong rows, or of the wrong turn). So nothing here is ever indexed by row: the processor runs once per
+row, its pixel tensors stay with that row (`RowPixels`, a list entry of `RolloutBatch`), and a micro-batch
+concatenates its rows' tensors in row order, which is the order the model reads the image tokens in.
+
+See it work: tests/test_vision_inputs.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# What a processor returns beside the pixels: per-token tensors the trainer rebuilds from the ids itself.
+TOKEN_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
+
+
+@dataclass(frozen=True)
+class RowPixels:
+    """One row's pixel inputs as its processor made them; every tensor's dim 0 runs over the row's images, or
+    over their patches, in the order their placeholders appear in the row's tokens:
+    - Qwen2-VL / Qwen2.5-VL: pixel_values (P, F), the patches of all the row's images, and image_grid_thw
+      (I, 3), each image's (t, h, w) patch grid, P = sum of t*h*w;
+    - Gemma-3: pixel_values (I, C, H, W).
+    `num_images` = I."""
+
+    tensors: dict[str, torch.Tensor]
+    num_images: int
+
+    def to(self, device) -> "RowPixels":
+        return RowPixels({k: v.to(device) for k, v in self.tensors.items()}, self.num_images)
+
+
+def process_row(processor, text: str, images: list) -> tuple[list[int], RowPixels | None]:
+    """The row's token ids, each image placeholder expanded to its image's tokens, and its pixel inputs (None
+    without images), from the model's processor; `text` is the rendered chat template."""
+    if not images:
+        return processor.tokenizer(text, add_special_tokens=False).input_ids, None
+    out = processor(text=[text], images=[images], return_tensors="pt", add_special_tokens=False)
+    pixels = {k: v for k, v in out.items() if k not in TOKEN_KEYS and isinstance(v, torch.Tensor)}
+    return out["input_ids"][0].tolist(), RowPixels(pixels, len(images))
+
+
+def join_rows(rows: list[RowPixels | None]) -> dict[str, torch.Tensor]:
+    """The model's pixel keyword arguments for a micro-batch: each tensor of its rows concatenated in row order
+    ({} when no row has an image)."""
+    present = [r for r in rows if r is not None]
+    if not present:
+        return {}
+    keys = present[0].tensors.keys()
+    return {k: torch.cat([r.tensors[k] for r in present]) for k in keys}
+
+
+def image_token_types(input_ids: torch.Tensor, image_token_id: int) -> torch.Tensor:
+    """(B, L) int: 1 where the token is an image placeholder, 0 elsewhere (Qwen2-VL's `mm_token_type_ids`,
+    Gemma-3's `token_type_ids`)."""
+    return (input_ids == image_token_id).int()

@@ -1,0 +1,46 @@
+"""Position ids for the training forward, the model's own where it has multimodal rotary positions.
+
+A text model's positions count the attended tokens: cumsum(mask) - 1. Qwen2-VL, Qwen2.5-VL and Qwen3-VL rotate
+by 3-D (t, h, w) positions that their `get_rope_index` computes from the image grids; given 1-D positions they
+silently compute wrong log-probs (7.9e-3 off on a tiny Qwen2-VL), and left to compute them itself the model
+needs the processor's `mm_token_type_ids`. So they are computed here, per row from its own tokens and mask
+(padding anywhere is skipped, so removing pad columns afterwards changes nothing), as (4, B, L): the text
+positions, then the three rotary rows, the layout the model takes.
+
+See it work: tests/test_vision_inputs.py.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .inputs import image_token_types
+
+
+def rope_index_owner(model):
+    """The module that computes the model's multimodal rotary index (Qwen2-VL family), or None; looks through
+    PEFT and DDP wrappers."""
+    for _ in range(4):
+        if hasattr(model, "get_rope_index"):
+            return model
+        inner = getattr(model, "model", None) or getattr(model, "module", None)
+        if inner is None and hasattr(model, "get_base_model"):
+            inner = model.get_base_model()
+        if inner is None or inner is model:
+            return None
+        model = inner
+    return None
+
+
+def position_ids(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 image_grid_thw: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, L) text positions, or (4, B, L) for a model with multimodal rotary positions: the text positions and
+    its 3-D positions (`image_grid_thw`: (I, 3), the micro-batch's images in row order)."""
+    text = (attention_mask.cumsum(1) - 1).clamp(min=0)
+    owner = rope_index_owner(model)
+    if owner is None:
+        return text
+    image_token_id = owner.config.image_token_id
+    rope, _ = owner.get_rope_index(input_ids, image_token_types(input_ids, image_token_id), image_grid_thw,
+                                   attention_mask=attention_mask)
+    return torch.cat([text[None], rope.to(text.device)])
