@@ -45,18 +45,18 @@ def test_images_are_read_from_pil_paths_bytes_and_dataset_dicts_or_refused_namin
         image = read_image(value, "row 0")
         assert image.size == (30, 20) and image.mode == "RGB"
         assert np.array_equal(np.asarray(image), np.asarray(picture))
-    assert [i.size for i in row_images({"images": [str(path), data]}, "images", 0)] == [(30, 20)] * 2
-    assert row_images({"images": None}, "images", 0) == [] and len(row_images({"images": data}, "images", 0)) == 1
+    assert [i.size for i in row_images({"images": [str(path), data]}, "images", "row 0")] == [(30, 20)] * 2
+    assert row_images({"images": None}, "images", "row 0") == [] and len(row_images({"images": data}, "images", "r")) == 1
     (tmp_path / "broken.png").write_bytes(b"not an image")
-    cases = [(str(tmp_path / "missing.png"), "row 4 of column 'images': no image file at"),
-             (str(tmp_path / "broken.png"), "row 4 of column 'images': cannot read the image"),
-             (b"\x89PNG garbage", "row 4 of column 'images': cannot read the image"),
-             (12, "row 4 of column 'images': int is not an image")]
+    cases = [(str(tmp_path / "missing.png"), "train row 4, column 'images': no image file at"),
+             (str(tmp_path / "broken.png"), "train row 4, column 'images': cannot read the image"),
+             (b"\x89PNG garbage", "train row 4, column 'images': cannot read the image"),
+             (12, "train row 4, column 'images': int is not an image")]
     for value, message in cases:
         with pytest.raises(ValueError, match=message):
-            row_images({"images": value}, "images", 4)
-    with pytest.raises(ValueError, match="row 2 of column 'pics', image 1: no image file"):
-        row_images({"pics": [data, "nowhere.png"]}, "pics", 2)
+            row_images({"images": value}, "images", "train row 4")
+    with pytest.raises(ValueError, match="eval row 2, column 'pics', image 1: no image file"):
+        row_images({"pics": [data, "nowhere.png"]}, "pics", "eval row 2")
 
 
 def test_each_placeholder_becomes_its_images_tokens_and_the_pixels_stay_with_the_row(tiny_vlm):

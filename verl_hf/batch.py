@@ -28,6 +28,9 @@ class RolloutBatch:
     prompts: list = field(default_factory=list)
     completions: list[str] = field(default_factory=list)
     columns: dict[str, list] = field(default_factory=dict)
+    # Vision-language rows: each row's pixel inputs (vision.RowPixels, None for a row without images), joined
+    # per micro-batch in row order, never sliced (verl_hf/vision/inputs.py); [] when no row has images.
+    pixels: list = field(default_factory=list)
     # GKD's dataset share (gkd_lambda < 1): the rows are the dataset's answers, not samples; such a round is not
     # scored and its task advantages are 0 (verl_hf/dataset_answers.py).
     from_dataset: bool = False
@@ -186,8 +189,8 @@ def concat_batches(batches: list[RolloutBatch], pad_token_id: int) -> RolloutBat
                     offset = int(shifted[-1].max()) + 1 if len(v) else offset
                 values = shifted
             merged[f.name] = torch.cat(values)
-        elif isinstance(values[0], list):
-            merged[f.name] = [x for v in values for x in v]
+        elif isinstance(values[0], list):  # a batch without images has pixels [] where another has one per row
+            merged[f.name] = [x for v, b in zip(values, batches) for x in (v or [None] * len(b))] if any(values) else []
         elif isinstance(values[0], dict):
             merged[f.name] = {k: [x for v in values for x in v[k]] for k in values[0]}
     return RolloutBatch(**merged)

@@ -83,9 +83,11 @@ def tokenize_prompt(tokenizer, prompt, tools: list[dict] | None = None, chat_onl
     )
 
 
-def _tokenized_row(tokenizer, prompt, index: int, split: str, **kwargs) -> list[int]:
+def _tokenized_row(tokenizer, row: dict, index: int, split: str, images=None, **kwargs) -> list[int]:
+    if images is not None:  # a vision-language policy's processor expands each image's placeholder
+        return images.prompt_ids(row, f"{split} row {index}", kwargs.get("tools"))
     try:
-        return tokenize_prompt(tokenizer, prompt, **kwargs)
+        return tokenize_prompt(tokenizer, row["prompt"], **kwargs)
     except ValueError as e:
         raise ValueError(f"{split} row {index}: {e}") from None
 
@@ -95,8 +97,9 @@ MULTI_TURN_COLUMNS = {"messages": "the whole conversation", "tool_statuses": "ea
 
 
 def prepare_prompts(dataset, tokenizer, data_key_map: dict | None, max_prompt_length: int, split: str,
-                    given_columns: dict[str, str] | None = None, **prompt_kwargs):
+                    given_columns: dict[str, str] | None = None, images=None, **prompt_kwargs):
     """Map columns, add `prompt_ids`, drop over-long prompts (logged). Returns the new dataset.
+    `images`: a vision-language policy's `vision.ImagePrompts` (the rows' images expanded in their ids).
     `given_columns`: name -> what it holds, of the columns the run adds for reward functions (multi-turn's
     are added with `chat_only`), which the dataset must not have. `prompt_kwargs`: `tools` and `chat_only`
     of tokenize_prompt."""
@@ -109,7 +112,7 @@ def prepare_prompts(dataset, tokenizer, data_key_map: dict | None, max_prompt_le
                          f"already. Rename them (data_key_map or Dataset.rename_column).")
     if PROMPT_IDS in dataset.column_names:
         dataset = dataset.remove_columns(PROMPT_IDS)
-    dataset = dataset.map(lambda row, i: {PROMPT_IDS: _tokenized_row(tokenizer, row["prompt"], i, split,
+    dataset = dataset.map(lambda row, i: {PROMPT_IDS: _tokenized_row(tokenizer, row, i, split, images,
                                                                       **prompt_kwargs)},
                           with_indices=True, desc="tokenize prompts")
     before = len(dataset)
@@ -144,10 +147,10 @@ def reasoning_given(args) -> dict[str, str]:
     return REASONING_COLUMNS if args.reasoning_format is not None else {}
 
 
-def prepare_datasets(train_dataset, eval_dataset, tokenizer, args, multi_turn=None):
+def prepare_datasets(train_dataset, eval_dataset, tokenizer, args, multi_turn=None, images=None):
     """(train, eval) prepared with `prepare_prompts` (either may be None; eval may be a dict of named sets),
-    with the prompt options of `multi_turn` (prompt_options)."""
-    extra = {**prompt_options(multi_turn), "given_columns": reasoning_given(args)}
+    with the prompt options of `multi_turn` (prompt_options) and a vision-language policy's `images`."""
+    extra = {**prompt_options(multi_turn), "given_columns": reasoning_given(args), "images": images}
 
     def prepare(ds, split):
         return prepare_prompts(ds, tokenizer, args.data_key_map, args.max_prompt_length, split, **extra)

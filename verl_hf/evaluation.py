@@ -16,12 +16,12 @@ from .metrics import accuracy_metric
 from .sample_and_score import RewardStage, SamplingSettings, generate, sampling_kwargs, with_turn_rewards
 
 
-def as_eval_prompts(dataset, tokenizer, args, prefix: str, multi_turn=None):
+def as_eval_prompts(dataset, tokenizer, args, prefix: str, multi_turn=None, images=None):
     """The eval split as prompt rows (templated and tokenized once; already prepared ones as they are)."""
     if "prompt_ids" in dataset.column_names:
         return dataset
     return prepare_prompts(dataset, tokenizer, args.data_key_map, args.max_prompt_length, prefix,
-                           given_columns=reasoning_given(args), **prompt_options(multi_turn))
+                           given_columns=reasoning_given(args), images=images, **prompt_options(multi_turn))
 
 
 def evaluate_rewards(actor, rewards: RewardStage, constraint, dataset, args, prefix: str,

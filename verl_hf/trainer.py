@@ -45,6 +45,8 @@ from .adapter_setup import lora_serving
 from .sync.adapter import lora_config_of
 from .teacher_setup import check_teacher, distill_divergence, make_teacher
 from .update import PolicyUpdate, UpdateSettings, entropy_needed
+from .vision.prompts import ImagePrompts
+from .vision.setup import check_vision_inputs, load_processor
 
 
 class VerlTrainer(Trainer):
@@ -68,7 +70,9 @@ class VerlTrainer(Trainer):
         teacher: on-policy distillation's teacher (`TeacherPolicy`, causal LM, id or path; or
             `teacher_model_path`): scores every sampled token, and the student moves towards it (`distill_loss`).
             Its tokenizer must be the student's (checked before any model loads).
-        processing_class / tokenizer: the tokenizer; default loaded from the model's path.
+        processing_class / tokenizer: the tokenizer, or a vision-language policy's processor (AutoProcessor: the
+            rows' images, column `image_column`, go into the prompts; verl_hf/vision/); default loaded from the
+            model's path.
         peft_config: a `peft` config; the actor becomes a PEFT model.
 
     The parts, public for callbacks, tests and custom loops: `placement` (where the models live), `actor`,
@@ -92,15 +96,19 @@ class VerlTrainer(Trainer):
         setup.check_model_paths(model, args, ref_policy, critic, teacher)
         # Cheap checks first: rewards, tokenizer, teacher and data fail here, before any model is loaded.
         lora = lora_config_of(model, peft_config)  # None: the policy trains no LoRA adapter
-        setup.refuse_settings_without_effect(args, tools, environment, teacher, lora)
+        processing_class = setup.one_of_aliases("processing_class", processing_class, "tokenizer", tokenizer)
+        processor = load_processor(processing_class, model)  # a vision-language policy's, else None
+        setup.refuse_settings_without_effect(args, tools, environment, teacher, lora, vision=processor is not None)
         adapter = lora_serving(args, lora)  # vLLM serves the adapter itself, or None: merged weights
         self.reward_funcs, self.reward_weights = setup.resolve_rewards(args, reward_funcs, reward_model, environment,
                                                                        teacher)
-        tokenizer = setup.load_tokenizer(
-            setup.one_of_aliases("processing_class", processing_class, "tokenizer", tokenizer), model, args)
+        tokenizer = setup.load_tokenizer(processor.tokenizer if processor else processing_class, model, args)
         teacher = check_teacher(teacher, args, tokenizer, model)  # the ids it shares with the student
         self.multi_turn = setup.make_multi_turn(args, tools, environment, tokenizer)  # None: one turn per sample
-        train_dataset, eval_dataset = prepare_datasets(train_dataset, eval_dataset, tokenizer, args, self.multi_turn)
+        check_vision_inputs(model, processor, args, {"train": train_dataset, "eval": eval_dataset}, bool(self.multi_turn))
+        images = ImagePrompts(processor, args.image_column) if processor else None
+        train_dataset, eval_dataset = prepare_datasets(train_dataset, eval_dataset, tokenizer, args, self.multi_turn,
+                                                       images)
 
         super().__init__(
             model=setup.load_policy(model, peft_config, args), args=args,
@@ -116,7 +124,7 @@ class VerlTrainer(Trainer):
         if args.routing_replay:
             moe_routers(self.model)  # not an MoE model, or unknown routers: said before any engine starts
         engine = make_rollout_engine(self.model, tokenizer, args, placement, adapter=adapter)
-        self.actor = Actor(self.model, tokenizer, engine=engine, temperature=args.temperature,
+        self.actor = Actor(self.model, processor or tokenizer, engine=engine, image_column=args.image_column, temperature=args.temperature,
                            weight_sync=WeightSync.for_engine(engine, bucket_mb=args.sync_bucket_mb,
                                                              verify=args.sync_verify, adapter_config=adapter),
                            logits_chunk_size=args.logits_chunk_size,
@@ -299,7 +307,8 @@ class VerlTrainer(Trainer):
             for name, part in dataset.items():
                 metrics.update(self.evaluate(part, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
-        dataset = as_eval_prompts(dataset, self.processing_class, self.args, metric_key_prefix, self.multi_turn)
+        dataset = as_eval_prompts(dataset, self.processing_class, self.args, metric_key_prefix, self.multi_turn,
+                                  self.actor.images)
         started = time.time()
         with self.rounds.engine_held(self.state.global_step):  # the trainer's weights; no producer meanwhile
             metrics = evaluate_rewards(self.actor, self.rewards, self.constraint, dataset, self.args,

@@ -20,6 +20,7 @@ from .distributed import is_zero3
 from .rewards import resolve_reward_funcs
 from .rewards.combine import check_reward_weights
 from .roles import Critic, ReferencePolicy, RewardModel
+from .vision.setup import freeze_vision_tower, has_vision, vision_model_class
 
 logger = logging.getLogger(__name__)
 
@@ -126,11 +127,13 @@ def resolve_rewards(args: VerlConfig, reward_funcs, reward_model, environment=No
     return funcs, list(args.reward_weights or [1.0] * len(funcs))
 
 
-def refuse_settings_without_effect(args: VerlConfig, tools, environment, teacher, lora=None) -> None:
+def refuse_settings_without_effect(args: VerlConfig, tools, environment, teacher, lora=None,
+                                   vision: bool = False) -> None:
     """The settings that take effect only with what VerlTrainer was given (tools=, environment=, teacher=, a
-    LoRA policy's config `lora`) are refused without it, before any model loads."""
+    LoRA policy's config `lora`, a vision-language policy's processor) are refused without it, before any
+    model loads."""
     given = TrainerInputs(tools=bool(_tool_specs(args, tools)), environment=environment is not None,
-                          teacher=teacher is not None, lora=lora is not None)
+                          teacher=teacher is not None, lora=lora is not None, vision=vision)
     refuse_fields_that_cannot_apply(args, given)
     if advantage_spec(args.adv_estimator).needs_turn_rewards and environment is None:
         raise ValueError(f"adv_estimator={args.adv_estimator!r} credits each turn with the environment's per-turn "
@@ -296,15 +299,17 @@ def load_policy(model, peft_config, args: VerlConfig):
 
         from .rollout.factory import preferred_attention
 
-        kwargs = {}
-        attention = preferred_attention(args, AutoConfig.from_pretrained(model), training=True)
+        kwargs, config = {}, AutoConfig.from_pretrained(model)
+        attention = preferred_attention(args, config, training=True)
         if attention:
             kwargs["attn_implementation"] = attention
         if args.bf16 or args.fp16:
             kwargs["dtype"] = torch.float32
-        model = load_checkpoint(AutoModelForCausalLM, model, "model", **kwargs)
+        model = load_checkpoint(vision_model_class(config), model, "model", **kwargs)
     if not isinstance(model, (PreTrainedModel, torch.nn.Module)):
         raise TypeError(f"model must be an id, a path or a PreTrainedModel, got {type(model).__name__}.")
+    if args.freeze_vision_tower and has_vision(model.config):
+        freeze_vision_tower(model)  # before PEFT, which would otherwise leave its own trainable copies
     if peft_config is not None:
         from peft import get_peft_model
 

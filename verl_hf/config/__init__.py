@@ -2,7 +2,7 @@
 
 Users see one flat dataclass (YAML, `HfArgumentParser`, `verl-hf train --help`); its fields are declared by
 the pipeline stage that reads them, each stage in its own module next to its own checks (generation.py,
-sync.py, asynchronous.py, rewards.py, multi_turn.py, safety.py, algorithm.py, kl.py, distill.py, critic.py,
+vision.py, sync.py, asynchronous.py, rewards.py, multi_turn.py, safety.py, algorithm.py, kl.py, distill.py, critic.py,
 evaluation.py, precision.py),
 and documented once, in `metadata["help"]`. A field that takes effect only in some setups declares its
 condition in its type (applies.py), and one check refuses it set where it cannot act.
@@ -45,11 +45,12 @@ from .process import set_up_process
 from .rewards import RewardFields, check_rewards, resolve_rewards
 from .safety import SafetyFields, check_safety, resolve_safety
 from .sync import SyncFields, check_sync
+from .vision import VisionFields, check_vision
 
 # The stages' checks in pipeline order, except that safety and the critic come after the algorithm (they ask the
 # estimator's registry entry, whose name check_algorithm checks), and the conditional fields come last (their
 # conditions read values the others have checked).
-CHECKS = (check_parallel, check_generation, check_sync, check_rewards, check_multi_turn, check_algorithm, check_kl,
+CHECKS = (check_parallel, check_generation, check_vision, check_sync, check_rewards, check_multi_turn, check_algorithm, check_kl,
           check_distill, check_safety, check_critic, check_async, check_evaluation, refuse_fields_that_cannot_apply)
 
 
@@ -57,8 +58,8 @@ CHECKS = (check_parallel, check_generation, check_sync, check_rewards, check_mul
 # in pipeline order after TrainingArguments' own (PrecisionFields' bf16 replaces the Trainer's, in its place).
 @dataclass
 class VerlConfig(EvaluationFields, CriticFields, DistillFields, KLFields, AlgorithmFields, SafetyFields,
-                 MultiTurnFields, RewardFields, AsyncFields, SyncFields, GenerationFields, PrecisionFields,
-                 TrainingArguments):
+                 MultiTurnFields, RewardFields, AsyncFields, SyncFields, VisionFields, GenerationFields,
+                 PrecisionFields, TrainingArguments):
     def __post_init__(self):
         # Rollout rows are raw dataset rows (reward functions read their columns): never drop columns.
         self.remove_unused_columns = False

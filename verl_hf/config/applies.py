@@ -39,6 +39,7 @@ class TrainerInputs:
     environment: bool = False
     teacher: bool = False
     lora: bool = False  # the policy trains a LoRA adapter (peft_config=, or a PeftModel)
+    vision: bool = False  # the policy is a vision-language model and processing_class its processor
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,8 @@ TEACHER = Applies("a teacher is given: teacher_model_path, or teacher= on VerlTr
                   _with_teacher, ("teacher_model_path",))
 VLLM_WITH_LORA = Applies("rollout_engine='vllm' or 'vllm_server' samples for a LoRA policy (peft_config=... on "
                          "VerlTrainer, or a PeftModel)", _vllm_with_lora, ("rollout_engine",))
+VISION = Applies("the policy is a vision-language model and processing_class its processor (AutoProcessor)",
+                 lambda c, g: None if g is None else g.vision)
 WITH_TOOLS = Applies("tools are given: tools=[...] on VerlTrainer or tools in the config", _with_tools,
                      ("tools",)).because("an environment= enforces its own limits")
 

@@ -23,6 +23,8 @@ from ..batch import RolloutBatch, row_columns
 from ..distributed import is_fsdp2, is_sharded
 from ..rollout import HFSharedEngine, RolloutEngine, SamplingConfig, eos_token_ids
 from ..routing import RoutingReplay
+from ..vision.inputs import cut_at_placeholders
+from ..vision.prompts import ImagePrompts
 from .base import TrainableRole, score_in_chunks
 from .scoring import scored_responses, sequence_logprobs
 
@@ -32,14 +34,19 @@ class Actor(TrainableRole):
 
     def __init__(self, model, tokenizer=None, engine: RolloutEngine | None = None, temperature: float = 1.0,
                  learning_rate: float = 1e-5, max_grad_norm: float | None = 1.0, weight_sync=None,
-                 logits_chunk_size: int | None = None, routing_replay: bool = False):
-        """`logits_chunk_size`: tokens per LM-head chunk for log-probs (None: about 64 MiB of logits; 0: the
+                 logits_chunk_size: int | None = None, routing_replay: bool = False, image_column: str = "images"):
+        """`tokenizer`: the policy's tokenizer, or for a vision-language policy its processor (`AutoProcessor`):
+        then the rows' images (`image_column`) go into the prompts and to the engine (verl_hf/vision/).
+        `logits_chunk_size`: tokens per LM-head chunk for log-probs (None: about 64 MiB of logits; 0: the
         full-logits path). `engine`: the rollout engine (default: `HFSharedEngine`, HF generate on `model` itself). An engine
         with its own weights (`engine.receives_weights`) is refreshed by `weight_sync` before the first generation
         and after every `step()` (default `WeightSync()`; from process 0 alone for an engine `shared_by_processes`).
         `routing_replay` (MoE policies): the engine records each token's experts and every training forward over
         those responses routes them the same way (verl_hf/routing.py)."""
+        processor = tokenizer if hasattr(tokenizer, "image_processor") else None
+        tokenizer = processor.tokenizer if processor is not None else tokenizer
         super().__init__(model, tokenizer, learning_rate=learning_rate, max_grad_norm=max_grad_norm)
+        self.images = ImagePrompts(processor, image_column) if processor is not None else None
         if tokenizer is None:
             raise ValueError("Actor needs a tokenizer: Actor(model, tokenizer=...) or Actor.from_pretrained(path).")
         if tokenizer.pad_token_id is None:
@@ -93,7 +100,10 @@ class Actor(TrainableRole):
             max_new_tokens = (prompts.get("max_response_length") if isinstance(prompts, dict) else None) or 128
         params = self.sampling_config(max_new_tokens, num_return_sequences, temperature, top_k, top_p, do_sample,
                                       seed, return_logprobs, row_seeds, return_routes)
-        out = self.fresh_engine().generate(ids, params)
+        pixels = self._pixels(rows)
+        out = self.fresh_engine().generate(ids, params, **({"pixels": pixels} if pixels else {}))
+        if self.images is not None:
+            out = cut_at_placeholders(out, self.images.placeholder_ids, self.tokenizer.pad_token_id)
         n = num_return_sequences
         rows = rows or [{} for _ in ids]
         return RolloutBatch(
@@ -104,7 +114,17 @@ class Actor(TrainableRole):
             prompts=[row.get("prompt", self.tokenizer.decode(p)) for row, p in zip(rows, ids) for _ in range(n)],
             completions=self.tokenizer.batch_decode(out.response_ids, skip_special_tokens=True),
             columns=row_columns(rows, n), adapter_versions=_per_row(out.adapter_version, len(out.response_ids)),
+            pixels=[p for p in pixels for _ in range(n)] if pixels else [],
         )
+
+    def _pixels(self, rows: list[dict] | None) -> list | None:
+        """The rows' pixel inputs (verl_hf/vision/), or None where no row has an image."""
+        if self.images is None or not rows or not any(row.get(self.images.column) for row in rows):
+            return None
+        if not self.engine.accepts_images:
+            raise ValueError(f"the prompts have images but the rollout engine {type(self.engine).__name__} does not "
+                             f"take them (accepts_images=False); use rollout_engine='hf'.")
+        return self.images.pixels(rows)
 
     def sampling_config(self, max_new_tokens: int, num_return_sequences: int = 1, temperature: float | None = None,
                         top_k: int = 0, top_p: float = 1.0, do_sample: bool = True, seed: int | None = None,

@@ -23,6 +23,8 @@ import torch
 
 from ..algorithms import entropy_from_logits, logprobs_from_logits
 from ..algorithms.linear_logprobs import linear_logprobs
+from ..vision.inputs import join_rows
+from ..vision.positions import position_ids
 
 # Config attributes (top level or text config) under which a transformers forward changes the logits after
 # the LM head, or slices them.
@@ -142,6 +144,17 @@ def head_scores(head: torch.nn.Linear, targets: torch.Tensor, temperature: float
         del head.forward
 
 
+def forward_inputs(model, batch) -> dict:
+    """The ids, attention mask and positions of the batch's rows, with their images' pixel inputs: positions
+    follow the attention mask (left padding shifts them, as `generate` numbered them), or for a model with
+    multimodal rotary positions (Qwen2-VL family) are its own, per row (verl_hf/vision/positions.py)."""
+    ids, mask = batch.input_ids, batch.attention_mask
+    pixels = join_rows(batch.pixels) if batch.pixels else {}
+    pixels = {k: v.to(ids.device) for k, v in pixels.items()}
+    return dict(input_ids=ids, attention_mask=mask, position_ids=position_ids(model, ids, mask, pixels.get(
+        "image_grid_thw")), **pixels)
+
+
 def sequence_logprobs(model, batch, temperature: float = 1.0, with_entropy: bool = False,
                       entropy_grad: bool = False, chunk_size: int | None = None, vocab: int | None = None):
     """Log-probs (B, Lr) of the response tokens under `model`, and their entropies (B, Lr) or None: see
@@ -165,10 +178,7 @@ def scored_responses(model, batch, temperature: float = 1.0, with_entropy: bool 
     """
     if chunk_size is not None and chunk_size < 0:
         raise ValueError(f"chunk_size must be >= 0 (0: full logits), got {chunk_size}")
-    attention_mask = batch.attention_mask
-    inputs = dict(input_ids=batch.input_ids, attention_mask=attention_mask,
-                  position_ids=(attention_mask.cumsum(dim=1) - 1).clamp(min=0), use_cache=False,
-                  logits_to_keep=batch.response_ids.shape[1] + 1)
+    inputs = dict(**forward_inputs(model, batch), use_cache=False, logits_to_keep=batch.response_ids.shape[1] + 1)
     head = output_head(model) if chunk_size != 0 or divergence is not None else None
     if head is None:
         if divergence is not None:
@@ -207,7 +217,6 @@ def response_hidden_states(model, batch) -> torch.Tensor:
     if head is None:
         raise ValueError(f"{type(model).__name__}: its hidden states cannot stand in for its logits (see output_head's "
                          f"log message), so no divergence can be computed through its head in chunks.")
-    attention_mask = batch.attention_mask
     captured = []
 
     def capture(hidden):
@@ -216,9 +225,7 @@ def response_hidden_states(model, batch) -> torch.Tensor:
 
     head.forward = capture
     try:
-        model(input_ids=batch.input_ids, attention_mask=attention_mask, use_cache=False,
-              position_ids=(attention_mask.cumsum(dim=1) - 1).clamp(min=0),
-              logits_to_keep=batch.response_ids.shape[1] + 1)
+        model(**forward_inputs(model, batch), use_cache=False, logits_to_keep=batch.response_ids.shape[1] + 1)
     finally:
         del head.forward
     if len(captured) != 1:

@@ -91,6 +91,9 @@ class RolloutEngine(abc.ABC):
     returns_routes: bool = False
     """True: `generate` with `return_routes` fills the Rollout's MoE routes (for routing replay)."""
 
+    accepts_images: bool = False
+    """True: `generate` takes `pixels=`, the images of vision-language prompts (verl_hf/vision/)."""
+
     pauses_for_weights: bool = False
     """True: a weight sync may run while `generate` calls are in flight, inside `paused_for_weights()`: their
     unfinished sequences continue with the new weights once it ends (partial rollouts), and `generate` returns
@@ -111,7 +114,9 @@ class RolloutEngine(abc.ABC):
 
     @abc.abstractmethod
     def generate(self, prompt_ids: list[list[int]], params: SamplingConfig) -> Rollout:
-        """Sample `params.num_return_sequences` responses for each prompt (token ids, no padding)."""
+        """Sample `params.num_return_sequences` responses for each prompt (token ids, no padding). An engine that
+        `accepts_images` also takes `pixels=`: one `vision.RowPixels` or None per prompt, the pixel inputs of
+        the images whose expanded placeholders are in its ids (passed only when a prompt has images)."""
 
     def generates_from(self, model: torch.nn.Module) -> bool:
         """True when the engine samples from `model`'s own parameters (then nothing can be stale, also under

@@ -21,6 +21,7 @@ import torch
 
 from ..distributed import is_sharded, whole_model
 from ..routing import generation_routes, recorded_routes
+from ..vision.positions import pixel_inputs
 from .base import Rollout, RolloutEngine, SamplingConfig, empty_rollout, left_pad, mask_after_eos
 
 
@@ -35,6 +36,7 @@ class HFEngine(RolloutEngine):
     """`generate` with transformers on `self.model`, the part both HF forms share."""
 
     returns_routes = True  # an MoE model's routers are recorded while it generates (verl_hf/routing.py)
+    accepts_images = True  # pixel inputs go to generate beside the ids (verl_hf/vision/)
 
     def __init__(self, model, pad_token_id: int, eos_token_ids: list[int]):
         self.model = model
@@ -61,7 +63,7 @@ class HFEngine(RolloutEngine):
         return {name: params[name].detach() for name in names}
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], params: SamplingConfig) -> Rollout:
+    def generate(self, prompt_ids: list[list[int]], params: SamplingConfig, pixels: list | None = None) -> Rollout:
         if not prompt_ids:  # a collective call (ZeRO-3) this process joins with nothing left to sample
             with whole_model(self.model):
                 return empty_rollout(params.return_logprobs)
@@ -70,7 +72,7 @@ class HFEngine(RolloutEngine):
         ids, mask = ids.to(device), mask.to(device)
         if params.seed is not None:
             torch.manual_seed(params.seed)
-        n = params.num_return_sequences
+        n, repeat = params.num_return_sequences, 1
         recorder = _LogprobRecorder(params.temperature if params.do_sample else 1.0) if params.return_logprobs else None
         processors = [recorder] if recorder else []
         config = self._generation_config(params)
@@ -81,14 +83,16 @@ class HFEngine(RolloutEngine):
             processors.append(_SeededSampler(seeds, params.temperature, params.top_k, params.top_p, device))
             config = self._generation_config(dataclasses.replace(params, do_sample=False, num_return_sequences=1))
             ids, mask = ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0)
-            n = 1
+            n, repeat = 1, n
+        # images: each prompt's pixels, repeated where its rows were (generate repeats them for n by the grids)
+        images = pixel_inputs(self.model, ids, [p for p in pixels for _ in range(repeat)]) if pixels else {}
         was_training = self.model.training
         self.model.eval()
         try:
             routes = recorded_routes(self.model) if params.return_routes else contextlib.nullcontext()
             with whole_model(self.model), routes as forwards:
                 out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
-                                          logits_processor=processors or None)
+                                          logits_processor=processors or None, **images)
         finally:
             self.model.train(was_training)
         response = out[:, ids.shape[1] :]

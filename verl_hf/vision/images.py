@@ -13,7 +13,7 @@ import os
 
 
 def read_image(value, where: str):
-    """One image as an RGB `PIL.Image`; `where` names it in errors (e.g. "row 3 of column 'images'")."""
+    """One image as an RGB `PIL.Image`; `where` names it in errors (e.g. "train row 3, column 'images'")."""
     from PIL import Image, UnidentifiedImageError
 
     if isinstance(value, dict) and ("bytes" in value or "path" in value):  # datasets.Image(decode=False)
@@ -37,11 +37,12 @@ def read_image(value, where: str):
                          f"image.") from error
 
 
-def row_images(row: dict, column: str, index: int) -> list:
-    """The row's images from `column` (one image or a list of them) as RGB PIL images; [] when it has none."""
+def row_images(row: dict, column: str, where: str) -> list:
+    """The row's images from `column` (one image or a list of them) as RGB PIL images; [] when it has none.
+    `where` names the row in errors (e.g. "train row 3")."""
     value = row.get(column)
     if value is None:
         return []
     values = value if isinstance(value, (list, tuple)) else [value]
-    return [read_image(v, f"row {index} of column {column!r}" + (f", image {i}" if len(values) > 1 else ""))
+    return [read_image(v, f"{where}, column {column!r}" + (f", image {i}" if len(values) > 1 else ""))
             for i, v in enumerate(values)]

@@ -60,3 +60,24 @@ def image_token_types(input_ids: torch.Tensor, image_token_id: int) -> torch.Ten
     """(B, L) int: 1 where the token is an image placeholder, 0 elsewhere (Qwen2-VL's `mm_token_type_ids`,
     Gemma-3's `token_type_ids`)."""
     return (input_ids == image_token_id).int()
+
+
+def cut_at_placeholders(rollout, placeholder_ids: list[int], pad_token_id: int):
+    """The rollout with each response cut before the first image placeholder it sampled (marked truncated).
+
+    A sampled `<|image_pad|>` is a plain token while the engine decodes, but the training forward would take it
+    for an image without pixels and refuse the row (Qwen2-VL: "image features and image tokens do not match"),
+    or number its positions as an image. Trained VLMs essentially never sample one; a tiny or untrained one
+    does. Cutting keeps every score of the tokens before it exact; the response ends there and its reward
+    is that of its text up to there."""
+    ids = rollout.response_ids
+    hit = torch.isin(ids, torch.tensor(placeholder_ids, device=ids.device)) & rollout.response_mask.bool()
+    if not hit.any():
+        return rollout
+    after = hit.int().cumsum(dim=1) > 0
+    rollout.response_ids = ids.masked_fill(after, pad_token_id)
+    rollout.response_mask = rollout.response_mask.masked_fill(after, 0)
+    rollout.truncated = rollout.truncated | hit.any(dim=1)
+    if rollout.logprobs is not None:
+        rollout.logprobs = rollout.logprobs.masked_fill(after, 0.0)
+    return rollout

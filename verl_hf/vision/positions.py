@@ -44,3 +44,16 @@ def position_ids(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     rope, _ = owner.get_rope_index(input_ids, image_token_types(input_ids, image_token_id), image_grid_thw,
                                    attention_mask=attention_mask)
     return torch.cat([text[None], rope.to(text.device)])
+
+
+def pixel_inputs(model, input_ids: torch.Tensor, rows: list, device=None) -> dict:
+    """What `model` takes beside the ids of these rows (`RowPixels` or None each, in row order) for their images:
+    the joined pixel inputs, and for a model with its own rotary index the image placeholders' token types it
+    reads when it numbers positions itself (in `generate`). {} when no row has an image."""
+    from .inputs import join_rows
+
+    inputs = {k: v.to(device or input_ids.device) for k, v in join_rows(rows).items()}
+    owner = rope_index_owner(model)
+    if inputs and owner is not None:
+        inputs["mm_token_type_ids"] = image_token_types(input_ids, owner.config.image_token_id)
+    return inputs
