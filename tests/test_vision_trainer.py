@@ -72,13 +72,38 @@ def test_what_cannot_carry_images_is_refused_before_any_model_loads(vlm, tmp_pat
     text_model = build_tiny_model("llama", build_chat_tokenizer(["Color? red"], vocab_size=300))
     with pytest.raises(ValueError, match="is a text-only model with no vision encoder"):
         VerlTrainer(model=text_model, args=args, processing_class=processor, train_dataset=_dataset(3))
-    with pytest.raises(ValueError, match="rollout_engine='vllm' does not take images yet"):
-        VerlTrainer(model=model, args=small_config(tmp_path, rollout_engine="vllm", reward_funcs=[says_the_color],
-                                                   reward_weights=[1.0]),
-                    processing_class=processor, train_dataset=_dataset(3))
+    for setting, message in [(dict(rollout_engine="vllm"), r"rollout_engine='vllm' \(what 'auto' picks.*set "
+                                                          r"rollout_engine='hf'"),
+                             (dict(adv_estimator="gae"), "adv_estimator='gae' or Safe-RLHF costs")]:
+        with pytest.raises(ValueError, match=r"the train dataset has images \(column 'images'\), which " + message):
+            VerlTrainer(model=model, args=small_config(tmp_path, reward_funcs=[says_the_color], reward_weights=[1.0],
+                                                       **setting),
+                        processing_class=processor, train_dataset=_dataset(3))
     with pytest.raises(ValueError, match=r"freeze_vision_tower=False .*vision-language model"):
         VerlTrainer(model=text_model, args=small_config(tmp_path, freeze_vision_tower=False,
                                                         reward_funcs=[says_the_color], reward_weights=[1.0]),
                     processing_class=tokenizer, train_dataset=_dataset(3).remove_columns("images"))
     with pytest.raises(ValueError, match=r"image_column='' must name a dataset column"):
         VerlConfig(output_dir=str(tmp_path), image_column="", use_cpu=True)
+
+
+def test_lora_leaves_the_frozen_tower_and_a_processor_with_text_rows_trains_as_text(vlm, tmp_path):
+    """LoRA on every linear layer adds no trainable weight inside the frozen vision tower; given text rows, the
+    processor's tokenizer runs a text run (no pixels, no vision refusals)."""
+    from peft import LoraConfig
+
+    from verl_hf import VerlTrainer
+
+    model, processor = vlm
+    args = small_config(tmp_path, per_device_train_batch_size=8, num_generations=4, max_steps=1,
+                        max_prompt_length=64, max_response_length=6, reward_funcs=[says_the_color],
+                        reward_weights=[1.0])
+    trainer = VerlTrainer(model=model, args=args, processing_class=processor, train_dataset=_dataset(4),
+                          peft_config=LoraConfig(r=4, target_modules="all-linear"))
+    trainable = [name for name, p in trainer.model.named_parameters() if p.requires_grad]
+    assert trainable and not [name for name in trainable if ".visual." in name]
+    text = Dataset.from_list([{"prompt": [{"role": "user", "content": "Color?"}], "answer": "red"}] * 4)
+    plain = VerlTrainer(model=model, args=small_config(tmp_path, rollout_engine="hf", reward_funcs=[says_the_color],
+                                                       reward_weights=[1.0]),
+                        processing_class=processor, train_dataset=text)
+    assert plain.actor.images is None

@@ -20,8 +20,9 @@ from .distributed import local_parameter_bytes
 @dataclass
 class ScriptArguments:
     model_name_or_path: str = field(
-        default="demo", metadata={"help": "Policy id or path; 'demo' / 'demo-tools' / 'demo-tools-mistral' = the "
-                                          "shipped tiny warm starts of the addition and the tool demos."}
+        default="demo", metadata={"help": "Policy id or path; 'demo' / 'demo-tools' / 'demo-tools-qwen3' / "
+                                          "'demo-tools-mistral' = the shipped tiny warm starts of the addition and the "
+                                          "tool demos."}
     )
     dataset_name: str = field(
         default="verl_hf:addition",

@@ -46,7 +46,7 @@ from .sync.adapter import lora_config_of
 from .teacher_setup import check_teacher, distill_divergence, make_teacher
 from .update import PolicyUpdate, UpdateSettings, entropy_needed
 from .vision.prompts import ImagePrompts
-from .vision.setup import check_vision_inputs, load_processor
+from .vision.setup import check_vision_inputs, load_processor, share_chat_template
 
 
 class VerlTrainer(Trainer):
@@ -97,23 +97,27 @@ class VerlTrainer(Trainer):
         # Cheap checks first: rewards, tokenizer, teacher and data fail here, before any model is loaded.
         lora = lora_config_of(model, peft_config)  # None: the policy trains no LoRA adapter
         processing_class = setup.one_of_aliases("processing_class", processing_class, "tokenizer", tokenizer)
-        processor = load_processor(processing_class, model)  # a vision-language policy's, else None
+        datasets = {"train": train_dataset, "eval": eval_dataset}
+        processor = load_processor(processing_class, model, datasets, args.image_column)  # vision-language, or None
         setup.refuse_settings_without_effect(args, tools, environment, teacher, lora, vision=processor is not None)
         adapter = lora_serving(args, lora)  # vLLM serves the adapter itself, or None: merged weights
         self.reward_funcs, self.reward_weights = setup.resolve_rewards(args, reward_funcs, reward_model, environment,
                                                                        teacher)
         tokenizer = setup.load_tokenizer(processor.tokenizer if processor else processing_class, model, args)
+        if processor is not None:
+            share_chat_template(processor, tokenizer)
+        given_teacher = teacher is not None
         teacher = check_teacher(teacher, args, tokenizer, model)  # the ids it shares with the student
         self.multi_turn = setup.make_multi_turn(args, tools, environment, tokenizer)  # None: one turn per sample
-        check_vision_inputs(model, processor, args, {"train": train_dataset, "eval": eval_dataset}, bool(self.multi_turn))
-        images = ImagePrompts(processor, args.image_column) if processor else None
+        vision = check_vision_inputs(model, processor, args, datasets, bool(self.multi_turn), given_teacher)
+        images = ImagePrompts(processor, args.image_column) if vision else None
         train_dataset, eval_dataset = prepare_datasets(train_dataset, eval_dataset, tokenizer, args, self.multi_turn,
                                                        images)
 
         super().__init__(
-            model=setup.load_policy(model, peft_config, args), args=args,
+            model=setup.load_policy(model, peft_config, args, vision), args=args,
             data_collator=data_collator or keep_rows, train_dataset=train_dataset, eval_dataset=eval_dataset,
-            processing_class=tokenizer, callbacks=callbacks, optimizers=optimizers, **trainer_kwargs,
+            processing_class=processor if vision else tokenizer, callbacks=callbacks, optimizers=optimizers, **trainer_kwargs,
         )
         setup.check_vocabulary(tokenizer, self.model, self.train_dataset)
         self.placement = placement = Placement.of(self.accelerator, args.device)  # one process/DDP/ZeRO/FSDP2
@@ -124,7 +128,7 @@ class VerlTrainer(Trainer):
         if args.routing_replay:
             moe_routers(self.model)  # not an MoE model, or unknown routers: said before any engine starts
         engine = make_rollout_engine(self.model, tokenizer, args, placement, adapter=adapter)
-        self.actor = Actor(self.model, processor or tokenizer, engine=engine, image_column=args.image_column, temperature=args.temperature,
+        self.actor = Actor(self.model, processor if vision else tokenizer, engine=engine, image_column=args.image_column, temperature=args.temperature,
                            weight_sync=WeightSync.for_engine(engine, bucket_mb=args.sync_bucket_mb,
                                                              verify=args.sync_verify, adapter_config=adapter),
                            logits_chunk_size=args.logits_chunk_size,
@@ -307,7 +311,7 @@ class VerlTrainer(Trainer):
             for name, part in dataset.items():
                 metrics.update(self.evaluate(part, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
-        dataset = as_eval_prompts(dataset, self.processing_class, self.args, metric_key_prefix, self.multi_turn,
+        dataset = as_eval_prompts(dataset, self.actor.tokenizer, self.args, metric_key_prefix, self.multi_turn,
                                   self.actor.images)
         started = time.time()
         with self.rounds.engine_held(self.state.global_step):  # the trainer's weights; no producer meanwhile

@@ -12,7 +12,7 @@ import os
 from dataclasses import fields
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, TrainingArguments
+from transformers import AutoTokenizer, PreTrainedModel, TrainingArguments
 
 from .algorithms import advantage_spec
 from .config import TrainerInputs, VerlConfig, refuse_fields_that_cannot_apply
@@ -20,7 +20,7 @@ from .distributed import is_zero3
 from .rewards import resolve_reward_funcs
 from .rewards.combine import check_reward_weights
 from .roles import Critic, ReferencePolicy, RewardModel
-from .vision.setup import freeze_vision_tower, has_vision, vision_model_class
+from .vision.setup import freeze_vision_tower, has_vision, model_class_for
 
 logger = logging.getLogger(__name__)
 
@@ -289,11 +289,12 @@ def load_tokenizer(tokenizer, model, args: VerlConfig):
     return tokenizer
 
 
-def load_policy(model, peft_config, args: VerlConfig):
+def load_policy(model, peft_config, args: VerlConfig, vision: bool = False):
     """The policy from an id/path or as passed, PEFT-wrapped if asked. Loaded from a path under bf16/fp16 mixed
     precision it gets fp32 master weights (transformers would keep a bf16 checkpoint's dtype, and AdamW steps on
     bf16 weights round small updates away), and eager attention where it is faster
-    (rollout.factory.preferred_attention)."""
+    (rollout.factory.preferred_attention). `vision`: the run has images (a vision-language model's class, its
+    vision tower frozen with freeze_vision_tower)."""
     if isinstance(model, str):
         from transformers import AutoConfig
 
@@ -305,15 +306,18 @@ def load_policy(model, peft_config, args: VerlConfig):
             kwargs["attn_implementation"] = attention
         if args.bf16 or args.fp16:
             kwargs["dtype"] = torch.float32
-        model = load_checkpoint(vision_model_class(config), model, "model", **kwargs)
+        model = load_checkpoint(model_class_for(config, vision), model, "model", **kwargs)
     if not isinstance(model, (PreTrainedModel, torch.nn.Module)):
         raise TypeError(f"model must be an id, a path or a PreTrainedModel, got {type(model).__name__}.")
-    if args.freeze_vision_tower and has_vision(model.config):
-        freeze_vision_tower(model)  # before PEFT, which would otherwise leave its own trainable copies
+    freeze = vision and args.freeze_vision_tower
+    if freeze:
+        freeze_vision_tower(model)
     if peft_config is not None:
         from peft import get_peft_model
 
         model = get_peft_model(model, peft_config)
+        if freeze:  # LoRA targets such as "all-linear" add adapters inside the tower too
+            freeze_vision_tower(model)
     return model
 
 
@@ -349,7 +353,10 @@ def _reference_model(placement, actor_model, ref_policy, sharded: bool):
                              f"loaded from a path: pass ref_policy='<id or path>' (the policy has no path to reload "
                              f"its starting weights from).")
     if path is not None:
-        return load_checkpoint(AutoModelForCausalLM, path, "ref_policy",
+        from transformers import AutoConfig
+
+        # a vision-language model the causal-LM class does not know loads as what it is (vision runs are unsharded)
+        return load_checkpoint(model_class_for(AutoConfig.from_pretrained(path), vision=False), path, "ref_policy",
                                **({"dtype": "auto"} if placement.kind == "fsdp2" else {}))
     if sharded and placement.kind == "zero3" and not is_zero3(ref_policy):
         raise ValueError("under ZeRO-3 the KL reference is loaded from a path: pass ref_policy='<id or path>' "

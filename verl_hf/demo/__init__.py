@@ -3,7 +3,8 @@
 Nothing here touches the network. `verl-hf demo` (verl_hf/runner.py) loads the shipped warm-start checkpoint
 (`warm_start/`, built by `sft.py`) and trains it with GRPO on addition; `verl-hf demo --task tools` loads
 `warm_start_tools/` (built by `sft.py --task tools`) and trains it to multiply with a tool (tools_task.py);
-`--task tools-mistral` does the same on a tiny Mistral in its own tool format (families.py).
+`--task tools-qwen3` and `--task tools-mistral` do the same on a tiny Qwen3 (thinking on) and a tiny Mistral,
+each in its own tool format (families.py).
 
 See it work: `make demo`, or tests/test_demo_task.py.
 """
@@ -13,8 +14,8 @@ from .tiny import build_char_tokenizer, build_tiny_llama
 
 WARM_START_DIR = __import__("pathlib").Path(__file__).parent / "warm_start"
 TOOLS_WARM_START_DIR = WARM_START_DIR.parent / "warm_start_tools"  # the tool demo's (tools_task.py, sft_tools.py)
-# The tool demo in another family's format (families.py): `sft.py --task tools --family mistral`
-FAMILY_WARM_START_DIRS = {name: WARM_START_DIR.parent / f"warm_start_tools_{name}" for name in ("mistral",)}
+# The tool demo in another family's format (families.py): `sft.py --task tools --family qwen3|mistral`
+FAMILY_WARM_START_DIRS = {name: WARM_START_DIR.parent / f"warm_start_tools_{name}" for name in ("qwen3", "mistral")}
 
 __all__ = ["FAMILY_WARM_START_DIRS", "TOOLS_WARM_START_DIR", "WARM_START_DIR", "build_char_tokenizer", "build_tiny_llama",
            "make_addition_dataset"]

@@ -8,10 +8,11 @@ loss on the assistant's turns only, that call the `multiply` tool in a `--tool_s
 sampled dev accuracy (through the tool, with verl_hf's own multi-turn rollout) reaches the target: greedy
 decoding still answers directly then, so the RL run starts from a policy that uses the tool sometimes.
 
-The results (about 2 MB each in fp32) ship as `verl_hf/demo/warm_start/`, `warm_start_tools/` and
-`warm_start_tools_mistral/`, so the demos spend their time on RL. Rebuild them with
+The results (about 2 MB each in fp32) ship as `verl_hf/demo/warm_start/`, `warm_start_tools/`,
+`warm_start_tools_qwen3/` and `warm_start_tools_mistral/`, so the demos spend their time on RL. Rebuild them with
 `python -m verl_hf.demo.sft --output_dir verl_hf/demo/warm_start`,
-`python -m verl_hf.demo.sft --task tools --output_dir verl_hf/demo/warm_start_tools` and
+`python -m verl_hf.demo.sft --task tools --output_dir verl_hf/demo/warm_start_tools`,
+`python -m verl_hf.demo.sft --task tools --family qwen3 --output_dir verl_hf/demo/warm_start_tools_qwen3` and
 `python -m verl_hf.demo.sft --task tools --family mistral --output_dir verl_hf/demo/warm_start_tools_mistral`.
 
 See it work: tests/test_demo_task.py.

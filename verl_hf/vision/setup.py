@@ -34,42 +34,72 @@ def policy_config(model):
     return getattr(getattr(model, "get_base_model", lambda: model)(), "config", None)
 
 
-def check_vision_inputs(model, processor, args, datasets: dict, multi_turn: bool) -> None:
-    """Refuse, before any model loads, what would give a model images it cannot see or lose them on the way:
-    image rows without a processor, a processor for a text-only model, and the setups that do not carry
-    images yet (vLLM engines, multi-turn rollouts)."""
+def check_vision_inputs(model, processor, args, datasets: dict, multi_turn: bool, teacher: bool) -> bool:
+    """True when a dataset has images. Refuses, before any model loads, what would give a model images it
+    cannot see or lose them on the way: image rows without a processor or with a text-only model, and the
+    setups that do not carry images yet. A processor with text rows trains as a text run."""
     column = args.image_column
-    with_images = [name for name, ds in datasets.items() if ds is not None and _has_images(ds, column)]
+    with_images = [name for name, ds in datasets.items() if ds is not None and has_images(ds, column)]
+    if not with_images:
+        return False
     if processor is None:
-        if with_images:
-            raise ValueError(f"the {with_images[0]} dataset has images (column {column!r}) but processing_class is a "
-                             f"tokenizer: pass the model's processor, processing_class=AutoProcessor.from_pretrained"
-                             f"(...), or drop the column (a text model cannot see images).")
-        return
+        raise ValueError(f"the {with_images[0]} dataset has images (column {column!r}) but processing_class is a "
+                         f"tokenizer: pass the model's processor, processing_class=AutoProcessor.from_pretrained"
+                         f"(...), or drop the column (a text model cannot see images).")
     config = policy_config(model)
     if config is not None and not has_vision(config):
-        raise ValueError(f"processing_class is a processor for images ({type(processor).__name__}) but the policy "
-                         f"({type(config).__name__}) is a text-only model with no vision encoder: pass a "
-                         f"vision-language model (e.g. Qwen2-VL, Qwen2.5-VL, Gemma-3), or its tokenizer.")
-    if args.rollout_engine != "hf":
-        raise ValueError(f"rollout_engine={args.rollout_engine!r} does not take images yet; use rollout_engine='hf' "
-                         f"for a vision-language policy.")
-    if multi_turn:
-        raise ValueError("multi-turn rollouts (tools= / environment=) do not carry images yet; train the "
-                         "vision-language policy on single-turn prompts.")
+        raise ValueError(f"the {with_images[0]} dataset has images but the policy ({type(config).__name__}) is a "
+                         f"text-only model with no vision encoder: pass a vision-language model (e.g. Qwen2-VL, "
+                         f"Qwen2.5-VL), or drop the column {column!r}.")
+    not_yet = [
+        (args.rollout_engine != "hf", f"rollout_engine={args.rollout_engine!r} (what 'auto' picks on a CUDA machine "
+                                      f"with vLLM)", "set rollout_engine='hf'"),
+        (multi_turn, "multi-turn rollouts (tools= / environment=)", "train on single-turn prompts"),
+        (teacher or bool(args.teacher_model_path), "a distillation teacher", "train without teacher="),
+        (args.gkd_lambda < 1.0, f"gkd_lambda={args.gkd_lambda} (the dataset's answers)", "set gkd_lambda=1.0"),
+        (advantage_needs_values(args), f"adv_estimator={args.adv_estimator!r} or Safe-RLHF costs (a critic, which "
+                                       f"reads text only)", "use a critic-free estimator such as 'grpo'"),
+        (args.training_is_sharded, "DeepSpeed ZeRO-3 / FSDP (a process whose rows have no image would skip the "
+                                   "vision tower's collectives)", "train on one process or with DDP"),
+        (args.world_size > 1 and not args.freeze_vision_tower, "several processes with freeze_vision_tower=False "
+                                                               "(DDP would find the tower unused on text rows)",
+         "keep freeze_vision_tower=True"),
+    ]
+    for applies, what, fix in not_yet:
+        if applies:
+            raise ValueError(f"the {with_images[0]} dataset has images (column {column!r}), which {what} does not "
+                             f"carry yet: {fix}.")
+    return True
 
 
-def _has_images(dataset, column: str) -> bool:
+def advantage_needs_values(args) -> bool:
+    from ..algorithms import advantage_spec
+
+    return advantage_spec(args.adv_estimator).needs_values or args.safe_rl
+
+
+def has_images(dataset, column: str, rows: int = 64) -> bool:
+    """True when `column` holds an image in one of the first `rows` rows (a dict: in any of its datasets; a
+    streaming dataset: when it has the column)."""
     if isinstance(dataset, dict):
-        return any(_has_images(ds, column) for ds in dataset.values())
-    return column in getattr(dataset, "column_names", [])
+        return any(has_images(ds, column, rows) for ds in dataset.values())
+    if column not in (getattr(dataset, "column_names", None) or []):
+        return False
+    if not hasattr(dataset, "select"):
+        return True
+    head = dataset.select(range(min(rows, len(dataset))))
+    return any(value not in (None, [], "", b"") for value in head[column])
 
 
-def vision_model_class(config):
-    """The transformers auto class that loads this config's model with its LM head."""
+def model_class_for(config, vision: bool):
+    """The transformers auto class that loads this config's model with its LM head: the image-text-to-text one
+    for a vision-language run (or a model the causal-LM class does not know), else the causal-LM one (also for
+    checkpoints such as Gemma-3 4B trained here on text only)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    return AutoModelForImageTextToText if has_vision(config) else AutoModelForCausalLM
+    known = getattr(config, "model_type", None) in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    return AutoModelForImageTextToText if has_vision(config) and (vision or not known) else AutoModelForCausalLM
 
 
 def freeze_vision_tower(model) -> int:
@@ -86,11 +116,13 @@ def freeze_vision_tower(model) -> int:
     return frozen
 
 
-def load_processor(processing_class, model):
-    """A vision-language policy's processor: the one given as processing_class, or, given none, the policy's own
-    (`AutoProcessor` from its path); None for a tokenizer given or a text-only policy."""
+def load_processor(processing_class, model, datasets: dict, column: str):
+    """A vision-language run's processor: the one given as processing_class, or, given none, the policy's own
+    (`AutoProcessor` from its path) when a dataset has images; None for a tokenizer given or a text run."""
     if processing_class is not None:
         return processing_class if is_processor(processing_class) else None
+    if not any(ds is not None and has_images(ds, column) for ds in datasets.values()):
+        return None
     try:
         config = policy_config(model)
     except (OSError, ValueError):  # no config to read: loading the policy says why, after the cheaper checks
@@ -101,3 +133,11 @@ def load_processor(processing_class, model):
     from transformers import AutoProcessor
 
     return AutoProcessor.from_pretrained(path)
+
+
+def share_chat_template(processor, tokenizer) -> None:
+    """The processor renders image prompts with the template the run set on its tokenizer (chat_template,
+    chat_template_kwargs), the processor's own where the tokenizer has none."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        tokenizer.chat_template = processor.chat_template
+    processor.chat_template = tokenizer.chat_template
