@@ -46,7 +46,7 @@ from .sync.adapter import lora_config_of
 from .teacher_setup import check_teacher, distill_divergence, make_teacher
 from .update import PolicyUpdate, UpdateSettings, entropy_needed
 from .vision.prompts import ImagePrompts
-from .vision.setup import check_vision_inputs, load_processor, share_chat_template
+from .vision.setup import check_vision_inputs, datasets_with_images, load_processor, share_chat_template
 
 
 class VerlTrainer(Trainer):
@@ -97,8 +97,8 @@ class VerlTrainer(Trainer):
         # Cheap checks first: rewards, tokenizer, teacher and data fail here, before any model is loaded.
         lora = lora_config_of(model, peft_config)  # None: the policy trains no LoRA adapter
         processing_class = setup.one_of_aliases("processing_class", processing_class, "tokenizer", tokenizer)
-        datasets = {"train": train_dataset, "eval": eval_dataset}
-        processor = load_processor(processing_class, model, datasets, args.image_column)  # vision-language, or None
+        with_images = datasets_with_images({"train": train_dataset, "eval": eval_dataset}, args.image_column)
+        processor = load_processor(processing_class, model, bool(with_images))  # vision-language, or None
         setup.refuse_settings_without_effect(args, tools, environment, teacher, lora, vision=processor is not None)
         adapter = lora_serving(args, lora)  # vLLM serves the adapter itself, or None: merged weights
         self.reward_funcs, self.reward_weights = setup.resolve_rewards(args, reward_funcs, reward_model, environment,
@@ -109,7 +109,7 @@ class VerlTrainer(Trainer):
         given_teacher = teacher is not None
         teacher = check_teacher(teacher, args, tokenizer, model)  # the ids it shares with the student
         self.multi_turn = setup.make_multi_turn(args, tools, environment, tokenizer)  # None: one turn per sample
-        vision = check_vision_inputs(model, processor, args, datasets, bool(self.multi_turn), given_teacher)
+        vision = check_vision_inputs(model, processor, args, with_images, bool(self.multi_turn), given_teacher)
         images = ImagePrompts(processor, args.image_column) if vision else None
         train_dataset, eval_dataset = prepare_datasets(train_dataset, eval_dataset, tokenizer, args, self.multi_turn,
                                                        images)

@@ -25,6 +25,7 @@ from ..rollout import HFSharedEngine, RolloutEngine, SamplingConfig, eos_token_i
 from ..routing import RoutingReplay
 from ..vision.inputs import cut_at_placeholders
 from ..vision.prompts import ImagePrompts
+from ..vision.setup import is_processor
 from .base import TrainableRole, score_in_chunks
 from .scoring import scored_responses, sequence_logprobs
 
@@ -43,7 +44,7 @@ class Actor(TrainableRole):
         and after every `step()` (default `WeightSync()`; from process 0 alone for an engine `shared_by_processes`).
         `routing_replay` (MoE policies): the engine records each token's experts and every training forward over
         those responses routes them the same way (verl_hf/routing.py)."""
-        processor = tokenizer if hasattr(tokenizer, "image_processor") else None
+        processor = tokenizer if is_processor(tokenizer) else None
         tokenizer = processor.tokenizer if processor is not None else tokenizer
         super().__init__(model, tokenizer, learning_rate=learning_rate, max_grad_norm=max_grad_norm)
         self.images = ImagePrompts(processor, image_column) if processor is not None else None

@@ -149,8 +149,7 @@ def forward_inputs(model, batch) -> dict:
     follow the attention mask (left padding shifts them, as `generate` numbered them), or for a model with
     multimodal rotary positions (Qwen2-VL family) are its own, per row (verl_hf/vision/positions.py)."""
     ids, mask = batch.input_ids, batch.attention_mask
-    pixels = join_rows(batch.pixels) if batch.pixels else {}
-    pixels = {k: v.to(ids.device) for k, v in pixels.items()}
+    pixels = join_rows(batch.pixels, ids.device)
     return dict(input_ids=ids, attention_mask=mask, position_ids=position_ids(model, ids, mask, pixels.get(
         "image_grid_thw")), **pixels)
 

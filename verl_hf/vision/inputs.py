@@ -46,14 +46,14 @@ def process_row(processor, text: str, images: list) -> tuple[list[int], RowPixel
     return out["input_ids"][0].tolist(), RowPixels(pixels, len(images))
 
 
-def join_rows(rows: list[RowPixels | None]) -> dict[str, torch.Tensor]:
-    """The model's pixel keyword arguments for a micro-batch: each tensor of its rows concatenated in row order
-    ({} when no row has an image)."""
+def join_rows(rows: list[RowPixels | None], device=None) -> dict[str, torch.Tensor]:
+    """The model's pixel keyword arguments for a micro-batch: each tensor of its rows concatenated in row order,
+    on `device` (None: where they are); {} when no row has an image."""
     present = [r for r in rows if r is not None]
     if not present:
         return {}
     keys = present[0].tensors.keys()
-    return {k: torch.cat([r.tensors[k] for r in present]) for k in keys}
+    return {k: torch.cat([r.tensors[k] for r in present]).to(device) for k in keys}
 
 
 def image_token_types(input_ids: torch.Tensor, image_token_id: int) -> torch.Tensor:

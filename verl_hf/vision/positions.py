@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .inputs import image_token_types
+from .inputs import image_token_types, join_rows
 
 
 def rope_index_owner(model):
@@ -50,9 +50,7 @@ def pixel_inputs(model, input_ids: torch.Tensor, rows: list, device=None) -> dic
     """What `model` takes beside the ids of these rows (`RowPixels` or None each, in row order) for their images:
     the joined pixel inputs, and for a model with its own rotary index the image placeholders' token types it
     reads when it numbers positions itself (in `generate`). {} when no row has an image."""
-    from .inputs import join_rows
-
-    inputs = {k: v.to(device or input_ids.device) for k, v in join_rows(rows).items()}
+    inputs = join_rows(rows, device or input_ids.device)
     owner = rope_index_owner(model)
     if inputs and owner is not None:
         inputs["mm_token_type_ids"] = image_token_types(input_ids, owner.config.image_token_id)

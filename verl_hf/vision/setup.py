@@ -34,12 +34,16 @@ def policy_config(model):
     return getattr(getattr(model, "get_base_model", lambda: model)(), "config", None)
 
 
-def check_vision_inputs(model, processor, args, datasets: dict, multi_turn: bool, teacher: bool) -> bool:
-    """True when a dataset has images. Refuses, before any model loads, what would give a model images it
-    cannot see or lose them on the way: image rows without a processor or with a text-only model, and the
-    setups that do not carry images yet. A processor with text rows trains as a text run."""
+def datasets_with_images(datasets: dict, column: str) -> list[str]:
+    """The names of the datasets (name -> dataset or None) whose `column` holds images."""
+    return [name for name, ds in datasets.items() if ds is not None and has_images(ds, column)]
+
+
+def check_vision_inputs(model, processor, args, with_images: list[str], multi_turn: bool, teacher: bool) -> bool:
+    """True when a dataset has images (`with_images`: their names). Refuses, before any model loads, what would
+    give a model images it cannot see or lose them on the way: image rows without a processor or with a
+    text-only model, and the setups that do not carry images yet. A processor with text rows trains as text."""
     column = args.image_column
-    with_images = [name for name, ds in datasets.items() if ds is not None and has_images(ds, column)]
     if not with_images:
         return False
     if processor is None:
@@ -116,12 +120,12 @@ def freeze_vision_tower(model) -> int:
     return frozen
 
 
-def load_processor(processing_class, model, datasets: dict, column: str):
+def load_processor(processing_class, model, with_images: bool):
     """A vision-language run's processor: the one given as processing_class, or, given none, the policy's own
     (`AutoProcessor` from its path) when a dataset has images; None for a tokenizer given or a text run."""
     if processing_class is not None:
         return processing_class if is_processor(processing_class) else None
-    if not any(ds is not None and has_images(ds, column) for ds in datasets.values()):
+    if not with_images:
         return None
     try:
         config = policy_config(model)
