@@ -126,7 +126,7 @@ def test_demo_task_names_are_checked(capsys):
 
     assert main(["demo", "--task", "tool"]) == 2
     assert f"verl-hf demo --task 'tool': the demos are {sorted(DEMO_TASKS)}" in capsys.readouterr().err
-    assert set(DEMO_TASKS) == {"addition", "distill", "tools", "tools-qwen3", "tools-mistral"}
+    assert set(DEMO_TASKS) == {"addition", "distill", "tools", "tools-qwen3", "tools-mistral", "vision"}
     for argv, message in [(["--task"], "needs a demo's name"), (["--task", "--seed", "1"], "needs a demo's name"),
                           (["--task", "tools", "--task=addition"], "given more than once")]:
         assert main(["demo", *argv]) == 2 and message in capsys.readouterr().err, argv

@@ -27,6 +27,8 @@ def test_wheel_contains_and_imports_callbacks(tmp_path):
     assert "verl_hf/demo/warm_start_tools_mistral/model.safetensors" in names and "verl_hf/demo/distill.yaml" in names
     assert "verl_hf/demo/tools_mistral.yaml" in names and "verl_hf/demo/tools_qwen3.yaml" in names
     assert "verl_hf/demo/warm_start_tools_qwen3/model.safetensors" in names
+    assert "verl_hf/demo/warm_start_vision/model.safetensors" in names and "verl_hf/demo/vision.yaml" in names
+    assert "verl_hf/demo/warm_start_vision/processor_config.json" in names
     assert "verl_hf/agent/templates/qwen3_multiturn.jinja" in names  # chat_template="qwen3_multiturn"
     assert not any(n.startswith(("callbacks/", "tests/")) for n in names)
     # Every module of the source tree made it into the wheel.

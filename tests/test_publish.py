@@ -163,3 +163,18 @@ def test_model_card_snapshot():
     if os.environ.get("VERL_HF_UPDATE_SNAPSHOTS"):
         SNAPSHOT.write_text(card)
     assert card == SNAPSHOT.read_text()
+
+
+def _says_four(completions, **kwargs):
+    return [float("4" in c) for c in completions]
+
+
+def test_a_config_with_functions_serializes_with_their_names(tmp_path):
+    """Reward functions given as functions (not "module:function" strings) are written by name: the config's
+    JSON (verl_config.json, the trackers) used to fail on them, and save_model with it."""
+    from verl_hf import VerlConfig
+
+    args = VerlConfig(output_dir=str(tmp_path), use_cpu=True, reward_funcs=[_says_four, "gsm8k"],
+                      reward_weights=[1.0, 0.5])
+    assert json.loads(args.to_json_string())["reward_funcs"] == ["test_publish:_says_four", "gsm8k"]
+    assert args.reward_funcs[0] is _says_four  # the run itself keeps the function

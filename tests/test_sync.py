@@ -193,3 +193,31 @@ def test_auto_rollout_dtype_follows_mixed_precision(tmp_path, policy):
     assert rollout_dtype(args, policy) == torch.float32
     assert rollout_dtype(dataclasses.replace(args, bf16=True), policy) == torch.bfloat16
     assert rollout_dtype(dataclasses.replace(args, rollout_dtype="float16"), policy) == torch.float16
+
+
+def test_after_a_full_push_a_sync_sends_the_layers_that_train_or_trained_at_the_last_sync(policy, tokenizer):
+    """Frozen layers keep what the first push gave the engine; a layer frozen after the last sync is sent once more
+    (it may have been updated before it froze); an engine that does not keep its weights gets everything."""
+    engine = _engine(policy, tokenizer)
+    sync = WeightSync(verify=True)  # every weight compared after each sync, the ones left as they were too
+    all_tensors = sync.sync(policy, engine)["sync/tensors"]
+    layer_1 = [p for n, p in policy.named_parameters() if n.startswith("model.layers.1.")]
+    for name, p in policy.named_parameters():
+        p.requires_grad_(name.startswith(("model.layers.0.", "model.layers.1.")))
+    _perturb(policy)  # the embedding and norm trained until now: this sync still sends them
+    assert sync.sync(policy, engine)["sync/tensors"] == all_tensors
+    with torch.no_grad():  # what the optimizer changes now: the layers that train
+        for p in policy.parameters():
+            p.add_(torch.randn_like(p) * 0.01 * p.requires_grad)
+    layers = sync.sync(policy, engine)["sync/tensors"]
+    assert 0 < layers < all_tensors  # layers 0 and 1, not the embedding or the final norm
+    with torch.no_grad():
+        layer_1[0].add_(1.0)  # an update of layer 1, which then freezes before the next sync
+    for p in layer_1:
+        p.requires_grad_(False)
+    assert sync.sync(policy, engine)["sync/tensors"] == layers  # layer 1 once more (verified: it changed)
+    assert sync.sync(policy, engine)["sync/tensors"] == layers / 2  # then layer 0 alone
+    engine.keeps_weights = False  # e.g. vLLM whose sleep drops the weights
+    assert sync.sync(policy, engine)["sync/tensors"] == all_tensors
+    for p in policy.parameters():
+        p.requires_grad_(True)

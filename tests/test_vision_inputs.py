@@ -5,6 +5,7 @@ computed per row. On a tiny random-weight Qwen2-VL built locally (verl_hf/demo/t
 from __future__ import annotations
 
 import io
+import pickle
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import torch
 from PIL import Image
 
 from verl_hf.vision.images import read_image, row_images
-from verl_hf.vision.inputs import join_rows, process_row
+from verl_hf.vision.inputs import collapse_placeholders, join_rows, process_row
 from verl_hf.vision.positions import position_ids
 
 
@@ -69,6 +70,14 @@ def test_each_placeholder_becomes_its_images_tokens_and_the_pixels_stay_with_the
     assert ids.count(pad) == (24 + 32) // 4  # 2x2 patches merge into one token
     text_ids, none = process_row(processor, _prompt(processor, 0, "Same?"), [])
     assert none is None and pad not in text_ids
+    # vLLM takes the images themselves, with each image's placeholders collapsed back to one
+    assert [im.size for im in pixels.images] == [(84, 56), (56, 112)]
+    collapsed = collapse_placeholders(ids, pad)
+    assert collapsed.count(pad) == 2 and len(collapsed) == len(ids) - (24 + 32) // 4 + 2
+    # a checkpoint's round keeps the tensors, not the images (only sampling reads them)
+    restored = pickle.loads(pickle.dumps(pixels))
+    assert restored.images == () and restored.num_images == 2
+    assert all(torch.equal(restored.tensors[k], v) for k, v in pixels.tensors.items())
 
 
 def _logprobs(model, ids: torch.Tensor, mask: torch.Tensor, pixels: dict, positions) -> torch.Tensor:

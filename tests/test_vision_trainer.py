@@ -57,6 +57,15 @@ def test_grpo_steps_train_the_language_model_and_leave_the_frozen_vision_tower(v
     vision = {name for name in before if ".visual." in f".{name}"}
     assert vision and not changed & vision  # freeze_vision_tower (default): the vision tower as it was
     assert any("language_model" in name for name in changed)
+    # The processor is saved with the model: a run resumed or served from the directory processes images alike.
+    from verl_hf.vision.prompts import ImagePrompts
+    from verl_hf.vision.without_torchvision import load_processor
+
+    trainer.save_model(str(tmp_path / "saved"))
+    saved = load_processor(str(tmp_path / "saved"), model.config.model_type)
+    row = _dataset(1)[0]
+    assert ImagePrompts(saved).prompt_ids(row, "row 0") == ImagePrompts(processor).prompt_ids(row, "row 0")
+    assert saved.image_processor.size == processor.image_processor.size  # min and max pixels
 
 
 def test_what_cannot_carry_images_is_refused_before_any_model_loads(vlm, tmp_path):
@@ -72,9 +81,16 @@ def test_what_cannot_carry_images_is_refused_before_any_model_loads(vlm, tmp_pat
     text_model = build_tiny_model("llama", build_chat_tokenizer(["Color? red"], vocab_size=300))
     with pytest.raises(ValueError, match="is a text-only model with no vision encoder"):
         VerlTrainer(model=text_model, args=args, processing_class=processor, train_dataset=_dataset(3))
-    for setting, message in [(dict(rollout_engine="vllm"), r"rollout_engine='vllm' \(what 'auto' picks.*set "
-                                                          r"rollout_engine='hf'"),
-                             (dict(adv_estimator="gae"), "adv_estimator='gae' or Safe-RLHF costs")]:
+    from verl_hf.demo.tiny_vision import build_gemma3_processor, build_tiny_gemma3
+
+    gemma_processor = build_gemma3_processor(["Color? red"], vocab_size=300)
+    with pytest.raises(ValueError, match=r"which rollout_engine='vllm' with a gemma3 model \(vLLM takes image "
+                                         r"prompts here for the Qwen2-VL family\) does not carry yet: set "
+                                         r"rollout_engine='hf'"):
+        VerlTrainer(model=build_tiny_gemma3(gemma_processor), processing_class=gemma_processor,
+                    args=small_config(tmp_path, reward_funcs=[says_the_color], reward_weights=[1.0],
+                                      rollout_engine="vllm"), train_dataset=_dataset(3))
+    for setting, message in [(dict(adv_estimator="gae"), "adv_estimator='gae' or Safe-RLHF costs")]:
         with pytest.raises(ValueError, match=r"the train dataset has images \(column 'images'\), which " + message):
             VerlTrainer(model=model, args=small_config(tmp_path, reward_funcs=[says_the_color], reward_weights=[1.0],
                                                        **setting),

@@ -1,12 +1,12 @@
-"""`verl-hf`: `train CONFIG.yaml [--field value ...]`, `demo [--task tools|tools-qwen3|tools-mistral|distill]
+"""`verl-hf`: `train CONFIG.yaml [--field value ...]`, `demo [--task tools|tools-qwen3|tools-mistral|vision|distill]
 [--field value ...]`, `env`, `vllm-serve MODEL`.
 
 A YAML file sets any `VerlConfig` / `ScriptArguments` field; flags after it override single fields.
 `verl-hf demo` is `verl-hf train` on the packaged demo config (verl_hf/demo/demo.yaml); `--task tools` on
 the tool demo's (verl_hf/demo/tools.yaml: multi-turn GRPO with a `multiply` tool), `--task tools-qwen3` and
 `--task tools-mistral` on the same in Qwen3's (thinking on) and Mistral's tool formats (tools_qwen3.yaml,
-tools_mistral.yaml); `--task distill` distills
-the GRPO demo's model into the warm start and compares the two runs (verl_hf/demo/distill_demo.py).
+tools_mistral.yaml); `--task vision` on GRPO for a tiny vision-language model that names a drawn shape's color
+(vision.yaml); `--task distill` distills the GRPO demo's model into the warm start and compares the two runs (verl_hf/demo/distill_demo.py).
 
 See it work: tests/test_cli.py.
 """
@@ -23,6 +23,7 @@ DEMO_CONFIG = Path(__file__).parent / "demo" / "demo.yaml"
 DEMO_TASKS = {"addition": DEMO_CONFIG, "tools": DEMO_CONFIG.parent / "tools.yaml",
               "tools-qwen3": DEMO_CONFIG.parent / "tools_qwen3.yaml",
               "tools-mistral": DEMO_CONFIG.parent / "tools_mistral.yaml",
+              "vision": DEMO_CONFIG.parent / "vision.yaml",
               "distill": DEMO_CONFIG.parent / "distill.yaml"}
 # What a person can fix from the message alone: the CLI prints it and exits 2, with the traceback in a file
 # (`--traceback` raises it instead; not `--debug`, which is a TrainingArguments field).
@@ -201,7 +202,7 @@ def _traceback_file(error: BaseException) -> str:
 
 
 def _run_command(argv: list[str]) -> int:
-    usage = ("usage: verl-hf {train CONFIG.yaml | demo [--task tools|tools-qwen3|tools-mistral|distill] | env | "
+    usage = ("usage: verl-hf {train CONFIG.yaml | demo [--task tools|tools-qwen3|tools-mistral|vision|distill] | env | "
              "vllm-serve MODEL} [--field value ...]")
     if not argv or argv[0] in ("-h", "--help"):
         print(usage + "\n\n" + __doc__.split("\n\n")[1])

@@ -21,13 +21,13 @@ from .distributed import local_parameter_bytes
 class ScriptArguments:
     model_name_or_path: str = field(
         default="demo", metadata={"help": "Policy id or path; 'demo' / 'demo-tools' / 'demo-tools-qwen3' / "
-                                          "'demo-tools-mistral' = the shipped tiny warm starts of the addition and the "
-                                          "tool demos."}
+                                          "'demo-tools-mistral' / 'demo-vision' = the shipped tiny warm starts of the "
+                                          "addition, tool and vision demos."}
     )
     dataset_name: str = field(
         default="verl_hf:addition",
-        metadata={"help": "'verl_hf:addition' or 'verl_hf:multiplication' (the demos' synthetic tasks), or a "
-                          "`datasets.load_dataset` name or local path."},
+        metadata={"help": "'verl_hf:addition', 'verl_hf:multiplication' or 'verl_hf:colors' (the demos' synthetic "
+                          "tasks), or a `datasets.load_dataset` name or local path."},
     )
     dataset_config: str | None = field(default=None, metadata={"help": "The dataset's config name."})
     dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
@@ -53,9 +53,9 @@ def peft_config_of(script: ScriptArguments):
 
 
 def load_policy_path(name: str) -> str:
-    from .demo import FAMILY_WARM_START_DIRS, TOOLS_WARM_START_DIR, WARM_START_DIR
+    from .demo import FAMILY_WARM_START_DIRS, TOOLS_WARM_START_DIR, VISION_WARM_START_DIR, WARM_START_DIR
 
-    shipped = {"demo": WARM_START_DIR, "demo-tools": TOOLS_WARM_START_DIR,
+    shipped = {"demo": WARM_START_DIR, "demo-tools": TOOLS_WARM_START_DIR, "demo-vision": VISION_WARM_START_DIR,
                **{f"demo-tools-{family}": path for family, path in FAMILY_WARM_START_DIRS.items()}}
     return str(shipped.get(name, name))
 
@@ -85,9 +85,13 @@ def _dataset_splits(script: ScriptArguments) -> dict:
         from .demo.tools_task import tools_splits
 
         return dict(zip(("train", "dev", "test"), tools_splits(seed=0)))
+    if name == "verl_hf:colors":
+        from .demo.vision_task import vision_splits
+
+        return dict(zip(("train", "dev", "test"), vision_splits(seed=0)))
     if not name or ":" in name.split("/")[0] and not os.path.exists(name):
-        raise ValueError(f"dataset_name={name!r}: use 'verl_hf:addition', 'verl_hf:multiplication' "
-                         f"or a datasets name/path.")
+        raise ValueError(f"dataset_name={name!r}: use 'verl_hf:addition', 'verl_hf:multiplication', "
+                         f"'verl_hf:colors' or a datasets name/path.")
     if _looks_local(name) and not os.path.exists(name):
         raise FileNotFoundError(f"dataset_name={name!r}: no such file or directory (a local path; a Hub dataset "
                                 f"is named 'org/name').")

@@ -127,7 +127,8 @@ class VerlTrainer(Trainer):
         self._reduce_sum = sum_over_processes(self.accelerator)
         if args.routing_replay:
             moe_routers(self.model)  # not an MoE model, or unknown routers: said before any engine starts
-        engine = make_rollout_engine(self.model, tokenizer, args, placement, adapter=adapter)
+        engine = make_rollout_engine(self.model, tokenizer, args, placement, adapter=adapter,
+                                     processor=processor if vision else None)
         self.actor = Actor(self.model, processor if vision else tokenizer, engine=engine, image_column=args.image_column, temperature=args.temperature,
                            weight_sync=WeightSync.for_engine(engine, bucket_mb=args.sync_bucket_mb,
                                                              verify=args.sync_verify, adapter_config=adapter),

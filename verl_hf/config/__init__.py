@@ -75,6 +75,11 @@ class VerlConfig(EvaluationFields, CriticFields, DistillFields, KLFields, Algori
         for check in CHECKS:
             check(self)
 
+    def to_dict(self) -> dict:
+        """TrainingArguments' dict, JSON-safe: a function or object given where a "module:function" string may stand
+        (reward_funcs, tools, ...) is written as its name (`to_json_string`, verl_config.json, the trackers)."""
+        return {key: _named(value) for key, value in super().to_dict().items()}
+
     @property
     def rollout_generation_batch_size(self) -> int:
         """Completions per device per rollout round (generation_batch_size resolved)."""
@@ -98,6 +103,16 @@ class VerlConfig(EvaluationFields, CriticFields, DistillFields, KLFields, Algori
     def training_is_sharded(self) -> bool:
         """DeepSpeed or FSDP holds the training weights (the update's pieces are not counted there yet)."""
         return wants_deepspeed(self) or fsdp_version_wanted(self) is not None
+
+
+def _named(value):
+    if isinstance(value, (list, tuple)):
+        return [_named(v) for v in value]
+    if callable(value):
+        function = getattr(value, "func", value)  # functools.partial: the function it wraps
+        function = function if hasattr(function, "__qualname__") else type(function)
+        return f"{function.__module__}:{function.__qualname__}"
+    return value
 
 
 def _check_trainer_fields(cfg: VerlConfig) -> None:

@@ -72,7 +72,7 @@ def build_warm_start(output_dir: str, seed: int = 0, target_accuracy: float = 0.
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output_dir", required=True)
-    parser.add_argument("--task", choices=("addition", "tools"), default="addition")
+    parser.add_argument("--task", choices=("addition", "tools", "vision"), default="addition")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--target_accuracy", type=float, default=None,
                         help="dev accuracy to stop at (default: 0.30 for addition, 0.15 sampled for tools)")
@@ -81,7 +81,12 @@ def main(argv=None):
     parser.add_argument("--family", choices=("llama", "qwen3", "mistral"), default="llama",
                         help="tools: the model family and its format (verl_hf/demo/families.py)")
     args = parser.parse_args(argv)
-    if args.task == "tools":
+    if args.task == "vision":
+        from .sft_vision import build_vision_warm_start
+
+        print(build_vision_warm_start(args.output_dir, seed=args.seed,
+                                      target_accuracy=0.3 if args.target_accuracy is None else args.target_accuracy))
+    elif args.task == "tools":
         from .sft_tools import build_tools_warm_start
 
         print(build_tools_warm_start(args.output_dir, seed=args.seed, tool_share=args.tool_share,

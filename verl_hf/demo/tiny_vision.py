@@ -5,17 +5,18 @@ model; heads 64 wide for vLLM's CPU attention) and its processor: a byte-level B
 tokens, a ChatML template that renders image parts as `<|vision_start|><|image_pad|><|vision_end|>`, and the
 PIL image processor (14-pixel patches merged 2x2, so a 56x84 image is 6 tokens).
 
-The processor is `ImageOnlyQwen2VLProcessor`: Qwen2-VL's own, without its video processor, which needs
-torchvision, a package that cannot be installed beside the CPU build of torch these machines use. It renders,
-expands and processes images exactly as `Qwen2VLProcessor` does.
+The processor is `ImageOnlyQwen2VLProcessor` (vision/without_torchvision.py): Qwen2-VL's own without its video
+processor, which needs torchvision, a package that cannot be installed beside the CPU build of torch these
+machines use. It renders, expands and processes images exactly as `Qwen2VLProcessor` does.
 
 See it work: tests/test_vision_inputs.py.
 """
 
 from __future__ import annotations
 
-from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil, Qwen2VLProcessor
+from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 
+from ..vision.without_torchvision import ImageOnlyQwen2VLProcessor
 from .tiny import build_chat_tokenizer
 
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
@@ -25,16 +26,6 @@ VISION_CHAT_TEMPLATE = (
     "{% else %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-
-
-class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
-    """Qwen2-VL's processor without the video processor (which needs torchvision)."""
-
-    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
-        super(Qwen2VLProcessor, self).__init__(image_processor, tokenizer, chat_template=chat_template)
-        self.image_token, self.video_token = "<|image_pad|>", "<|video_pad|>"
-        self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
-        self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
 
 
 def build_vision_processor(corpus: list[str], vocab_size: int = 400, min_pixels: int = 4 * 28 * 28,
@@ -74,3 +65,64 @@ def build_tiny_qwen2_vl(processor, hidden_size: int = 128, num_layers: int = 2, 
         tie_word_embeddings=True, **ids, **special)
     torch.manual_seed(seed)
     return Qwen2VLForConditionalGeneration(config)
+
+
+GEMMA3_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+GEMMA3_CHAT_TEMPLATE = (
+    "{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
+    "{% if p['type'] == 'image' %}<start_of_image>{% else %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+def build_gemma3_processor(corpus: list[str], vocab_size: int = 400, image_size: int = 56, tokens_per_image: int = 4):
+    """A Gemma-3 processor (`Gemma3Processor`, PIL image processor: every image resized to `image_size` square)
+    whose BPE is trained on `corpus`, with Gemma-3's image tokens and turn markers: each image part renders as
+    `<start_of_image>`, which the processor expands to `tokens_per_image` soft tokens between its markers."""
+    from transformers.models.gemma3 import Gemma3ImageProcessorPil, Gemma3Processor
+
+    from .tiny import build_chat_tokenizer
+
+    tokenizer = build_chat_tokenizer(corpus + ["\n\n"], vocab_size=vocab_size)
+    tokenizer.add_special_tokens({"additional_special_tokens": [*GEMMA3_TOKENS.values(), "<start_of_turn>",
+                                                                "<end_of_turn>"]})
+    for name, token in GEMMA3_TOKENS.items():  # the attributes Gemma3Processor reads
+        setattr(tokenizer, name, token)
+        setattr(tokenizer, f"{name}_id", tokenizer.convert_tokens_to_ids(token))
+    tokenizer.eos_token = "<end_of_turn>"
+    tokenizer.chat_template = GEMMA3_CHAT_TEMPLATE
+    images = Gemma3ImageProcessorPil(size={"height": image_size, "width": image_size}, do_pan_and_scan=False)
+    return Gemma3Processor(image_processor=images, tokenizer=tokenizer, chat_template=GEMMA3_CHAT_TEMPLATE,
+                           image_seq_length=tokens_per_image)
+
+
+def build_tiny_gemma3(processor, hidden_size: int = 128, num_layers: int = 2, vision_layers: int = 2,
+                      seed: int = 0, max_positions: int = 1024):
+    """A random-weight `Gemma3ForConditionalGeneration` for `processor`'s tokens: a SigLIP tower on 14-pixel
+    patches pooled to the processor's tokens per image, image tokens attending to each other both ways, heads
+    64 wide, tied embeddings."""
+    import math
+
+    import torch
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    tokenizer, size = processor.tokenizer, processor.image_processor.size["height"]
+    special = dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    config = Gemma3Config(
+        text_config=dict(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                         num_hidden_layers=num_layers, num_attention_heads=hidden_size // 64, num_key_value_heads=1,
+                         head_dim=64, max_position_embeddings=max_positions, sliding_window=64,
+                         tie_word_embeddings=True, **special),
+        vision_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=vision_layers,
+                           num_attention_heads=1, image_size=size, patch_size=14),
+        mm_tokens_per_image=processor.image_seq_length, boi_token_index=tokenizer.boi_token_id,
+        eoi_token_index=tokenizer.eoi_token_id, image_token_index=tokenizer.image_token_id,
+        tie_word_embeddings=True, **special)
+    assert math.isqrt(processor.image_seq_length) ** 2 == processor.image_seq_length
+    torch.manual_seed(seed)
+    model = Gemma3ForConditionalGeneration(config)
+    with torch.no_grad():  # transformers starts the projector at zero (for fine-tuning from a trained tower):
+        # a random model would then give every image the same (zero) embeddings and ignore what it shows
+        model.model.multi_modal_projector.mm_input_projection_weight.normal_(0.0, 0.02)
+    return model

@@ -24,7 +24,7 @@ import torch
 from ..algorithms import entropy_from_logits, logprobs_from_logits
 from ..algorithms.linear_logprobs import linear_logprobs
 from ..vision.inputs import join_rows
-from ..vision.positions import position_ids
+from ..vision.positions import bidirectional_image_inputs, position_ids
 
 # Config attributes (top level or text config) under which a transformers forward changes the logits after
 # the LM head, or slices them.
@@ -150,6 +150,8 @@ def forward_inputs(model, batch) -> dict:
     multimodal rotary positions (Qwen2-VL family) are its own, per row (verl_hf/vision/positions.py)."""
     ids, mask = batch.input_ids, batch.attention_mask
     pixels = join_rows(batch.pixels, ids.device)
+    if pixels:  # Gemma-3: each image's tokens attend both ways, as in generate
+        pixels.update(bidirectional_image_inputs(model, ids))
     return dict(input_ids=ids, attention_mask=mask, position_ids=position_ids(model, ids, mask, pixels.get(
         "image_grid_thw")), **pixels)
 

@@ -91,6 +91,10 @@ class RolloutEngine(abc.ABC):
     returns_routes: bool = False
     """True: `generate` with `return_routes` fills the Rollout's MoE routes (for routing replay)."""
 
+    keeps_weights: bool = True
+    """True: weights the sync loaded stay until it loads others, so a sync may send only the layers that train (an
+    engine whose sleep drops its weights sets False: every sync then sends them all)."""
+
     accepts_images: bool = False
     """True: `generate` takes `pixels=`, the images of vision-language prompts (verl_hf/vision/)."""
 

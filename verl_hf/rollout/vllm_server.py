@@ -34,6 +34,7 @@ from .vllm_compat import tied_copies_engine_has
 from .vllm_engine import (NO_HF_WEIGHTS, hf_meta_model, hf_weight_names, request_seeds, rollout_from_tokens,
                           sampling_fields, vllm_bucket)
 from .vllm_transfer import TrainerSender, update_info, worker_init_info
+from .vllm_vision import check_expanded, check_image_architecture, image_request
 
 START_HINT = "start one with `verl-hf vllm-serve MODEL --port PORT` (see README, Rollout engines)"
 TOKENS_ROUTE = "/inference/v1/generate"  # vLLM's token-in/token-out generation (vllm serve --enable-scale-out)
@@ -46,11 +47,13 @@ class VLLMServerEngine(RolloutEngine):
     serves_requests_concurrently = True  # each call is HTTP requests of its own; the server batches them
 
     def __init__(self, url: str, config, pad_token_id: int, eos_token_ids: list[int], *, max_model_len: int,
-                 timeout_s: float = 600.0, lora_rank: int | None = None):
+                 timeout_s: float = 600.0, lora_rank: int | None = None, processor=None):
         """`config`: the policy's HF config (the server must serve the same architecture); `max_model_len`: the
         longest prompt + response the trainer will ask for. `lora_rank`: serve a LoRA adapter of at most this rank
         with the server's LoRA kernels (`load_adapter`): the latest version only (a push never runs during a
-        generation); None: the sync pushes merged weights."""
+        generation); None: the sync pushes merged weights. `processor`: a vision-language policy's processor: the
+        engine then takes image prompts (`generate(..., pixels=)`), sent to the server's token route with their
+        images (rollout/vllm_vision.py); the server must serve that processor with the model."""
         self.url, self.timeout_s = url.rstrip("/"), timeout_s
         self.pad_token_id, self.eos_token_ids = pad_token_id, list(eos_token_ids)
         vllm_config = self._call("GET", "/server_info?config_format=json")["vllm_config"]
@@ -62,11 +65,18 @@ class VLLMServerEngine(RolloutEngine):
         self.dtype = getattr(torch, str(model["dtype"]).removeprefix("torch."))
         self.transport = vllm_config["weight_transfer_config"]["backend"]
         self.server_workers = parallel["world_size"] * parallel.get("data_parallel_size", 1)
-        self._meta = hf_meta_model(config)
+        self._meta = hf_meta_model(config, vision=processor is not None)
         self._names, tied = hf_weight_names(self._meta)
         self._tied = self._tied_copies_it_has(tied)
         self._sender = None
         self.tokens_route = self._has_tokens_route()
+        self.accepts_images, self._image_token_id = processor is not None, getattr(processor, "image_token_id", None)
+        if self.accepts_images:
+            check_image_architecture(type(self._meta).__name__)
+            if not self.tokens_route:
+                raise ValueError(f"image prompts need the vLLM server's {TOKENS_ROUTE} (the completions API takes no "
+                                 f"images with token ids): start it with --enable-scale-out, as `verl-hf vllm-serve` "
+                                 f"does.")
         self.serves_adapters, self.adapter_version = bool(lora_rank), 0
         if lora_rank:
             problem = (server_lora_problem(vllm_config.get("lora_config"), lora_rank, self.url)
@@ -144,6 +154,8 @@ class VLLMServerEngine(RolloutEngine):
     def finish_sync(self) -> None:
         self._call("POST", "/finish_weight_update")  # the weights keep their label until label_weights
         self._call("POST", "/reset_prefix_cache")  # cached KV blocks were computed with the old weights
+        if self.accepts_images:  # and cached image embeddings with the old vision tower
+            self._call("POST", "/reset_encoder_cache")
 
     def label_weights(self, version: int) -> None:
         self._call("POST", "/update_weight_version", {"new_version": str(version)})
@@ -230,13 +242,22 @@ class VLLMServerEngine(RolloutEngine):
         return adapter_name(latest_version(self))
 
     # ---------------------------------------------------------------- sampling
-    def generate(self, prompt_ids: list[list[int]], params: SamplingConfig) -> Rollout:
+    def generate(self, prompt_ids: list[list[int]], params: SamplingConfig, pixels: list | None = None) -> Rollout:
+        """`pixels` (an engine built with a processor): one `vision.RowPixels` or None per prompt."""
         if not prompt_ids:
             raise ValueError("VLLMServerEngine.generate got no prompts.")
+        if pixels and not self.accepts_images:
+            raise ValueError("this vLLM server engine was built without the policy's processor and takes no images; "
+                             "build it with VLLMServerEngine(..., processor=processor).")
         version = self.adapter_version  # what the requests name (a push never runs during a generation)
         requests = self._requests(prompt_ids, params)
+        expanded = [None] * len(requests)  # the trainer's ids of each image prompt, which the server must expand to
+        for row, (request, row_pixels) in enumerate(zip(requests, pixels or [])):
+            if row_pixels is not None:
+                request.update(image_request(prompt_ids[row], row_pixels.images, self._image_token_id))
+                expanded[row] = prompt_ids[row]
         with ThreadPoolExecutor(min(64, len(requests))) as pool:
-            choices = [c for answer in pool.map(self._choices, requests) for c in answer]
+            choices = [c for answer in pool.map(self._choices, requests, expanded) for c in answer]
         logprobs = [_chosen_logprobs(c, self.tokens_route) for c in choices] if params.return_logprobs else None
         rollout = rollout_from_tokens(prompt_ids, [c["token_ids"] for c in choices], logprobs,
                                       params.num_return_sequences, self.pad_token_id, self.eos_token_ids)
@@ -260,12 +281,20 @@ class VLLMServerEngine(RolloutEngine):
         base = dict(fields, model=model, return_token_ids=True, skip_special_tokens=False)
         return [dict(base, prompt=list(p), seed=s) for p, s in zip(prompt_ids, seeds)]
 
-    def _choices(self, request: dict) -> list[dict]:
+    def _choices(self, request: dict, expanded: list[int] | None = None) -> list[dict]:
         """One request's choices in index order, each finished: a choice that a pause for weights aborted
-        (paused_for_weights) is sent again as its prompt + the tokens it has, for the tokens still to come."""
+        (paused_for_weights) is sent again as its prompt + the tokens it has, for the tokens still to come.
+        `expanded`: an image prompt's ids as the trainer expanded them, which the server's must equal."""
         if not self.tokens_route:  # never paused (paused_for_weights refuses): nothing to continue
             return sorted(self._call("POST", "/v1/completions", request)["choices"], key=lambda c: c["index"])
-        answered = {c["index"]: c for c in self._call("POST", TOKENS_ROUTE, request)["choices"]}
+        answer = self._call("POST", TOKENS_ROUTE, request)
+        if expanded is not None:
+            if answer.get("prompt_token_ids") is None:
+                raise RuntimeError(f"the vLLM server at {self.url} returned no prompt_token_ids for an image prompt "
+                                   f"(return_token_ids): its image processing cannot be checked against the "
+                                   f"trainer's; serve with a vLLM whose {TOKENS_ROUTE} returns them (0.32 does).")
+            check_expanded(expanded, answer["prompt_token_ids"], row=None)
+        answered = {c["index"]: c for c in answer["choices"]}
         choices = []
         for index in range(request["sampling_params"]["n"]):
             # a choice aborted before it was scheduled may be missing: it starts again from its prompt

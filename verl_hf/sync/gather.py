@@ -108,6 +108,17 @@ def _layers(units: list[Unit]) -> list[list[Unit]]:
     return groups
 
 
+def training_layers(units: list[Unit], trained: frozenset = frozenset()) -> tuple[list[Unit], frozenset]:
+    """(the units of the layers in which some parameter trains now (requires_grad) or trained at the last sync
+    (`trained`: their layer keys), each layer whole; the keys of the layers that train now). Only these can have
+    changed since the last sync: a layer frozen after it may have been updated before it froze. The others (a
+    frozen vision tower, the embeddings and norms of a LoRA policy) keep the values a full push gave the engine."""
+    layers = _layers(units)
+    now = frozenset(layer_key(layer[0].name) for layer in layers
+                    if any(p.requires_grad for u in layer for _, p in u.params))
+    return [unit for layer in layers if layer_key(layer[0].name) in now | trained for unit in layer], now
+
+
 def plan_buckets(units: list[Unit], bucket_bytes: int) -> tuple[list[list[Unit]], int]:
     """(buckets of whole layers, the bucket size used). A layer larger than the bucket raises the bucket to its
     size with a warning (a layer is never split: fused engine weights and LoRA merges need it whole)."""

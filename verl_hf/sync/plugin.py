@@ -12,13 +12,14 @@ See it work: tests/test_sync.py, tests/test_distributed.py, benchmarks/sync.py.
 from __future__ import annotations
 
 import time
+import weakref
 from typing import TYPE_CHECKING
 
 import torch
 
 from ..distributed import compute_device, full_tensor, process_rank
 from .adapter import adapted_modules, adapter_tensors, check_only_the_adapter_trains
-from .gather import bucket_tensors, engine_names, gathered, plan_buckets, unit_tensors, weight_units
+from .gather import bucket_tensors, engine_names, gathered, plan_buckets, training_layers, unit_tensors, weight_units
 from .memory import PeakMemory
 from .names import check_names
 from .push import mismatched_weights, push_bucket
@@ -48,7 +49,10 @@ class WeightSync:
     `owner_rank=r`: only process r does (e.g. one engine server): ZeRO-3 partitions are gathered to it alone,
     and the other processes only send their shards. `adapter_config` (an engine that `serves_adapters`; the
     fields of sync/adapter.py's `vllm_adapter_config`): the first sync pushes the base weights, unmerged, and
-    every sync the LoRA adapter alone. Holds: whether the names were checked and the base pushed."""
+    every sync the LoRA adapter alone. After a first full push, a sync sends an engine that `keeps_weights` only
+    the layers that train now or trained at the last sync (no optimizer step changes the others). Holds: whether
+    the names were checked and the base pushed, the engine that last received every weight and the layers that
+    trained then."""
 
     def __init__(self, bucket_mb: float = 256.0, verify: bool = False, owner_rank: int | None = None,
                  adapter_config: dict | None = None):
@@ -58,6 +62,9 @@ class WeightSync:
         self.adapter_config = adapter_config
         self._names_checked = self._base_pushed = False
         self._adapter_syncs = 0  # successful adapter pushes: the version a shared engine serves
+        # The engine that received every weight and keeps them (a weak reference: an engine replaced in the Actor
+        # is freed), and the layers that trained at the last sync.
+        self._filled, self._trained = (lambda: None), frozenset()
 
     @property
     def owns_engine(self) -> bool:
@@ -76,7 +83,11 @@ class WeightSync:
         whole = self.adapter_config is None or not self._base_pushed
         if self.adapter_config is not None and whole:
             check_only_the_adapter_trains(model, units)
-        buckets, self.bucket_bytes = plan_buckets(units, self.bucket_bytes) if whole else ([], self.bucket_bytes)
+        # Skipping frozen layers needs an engine that kept the full push (vLLM's sleep level 2 drops its weights).
+        changed, trained = training_layers(units, self._trained)
+        if self._filled() is not engine or not engine.keeps_weights:
+            changed = units
+        buckets, self.bucket_bytes = plan_buckets(changed, self.bucket_bytes) if whole else ([], self.bucket_bytes)
         device = compute_device(model)
         started = time.perf_counter()
         with PeakMemory(device) as peak:
@@ -88,8 +99,10 @@ class WeightSync:
         if failure is not None:
             raise failure
         seconds = time.perf_counter() - started
+        self._filled, self._trained = weakref.ref(engine), trained
         metrics = {"sync/seconds": seconds, "sync/gigabytes": pushed / 1e9, "sync/gb_per_s": pushed / 1e9 / max(seconds, 1e-9),
-                   "sync/buckets": float(len(buckets))}
+                   "sync/buckets": float(len(buckets)),
+                   "sync/tensors": float(len(engine_names([u for bucket in buckets for u in bucket])))}
         if self.adapter_config is not None:
             self._base_pushed, self._adapter_syncs = True, self._adapter_syncs + 1
             if not self.owns_engine:  # one shared engine: its owner loaded this version (one per successful sync)
@@ -99,8 +112,9 @@ class WeightSync:
             metrics["sync/adapter_version"] = float(engine.adapter_version)
         if peak.extra_bytes is not None:
             metrics["sync/peak_extra_mb"] = peak.extra_bytes / 2**20
-        if self.verify:
-            self.check(model, engine, buckets)
+        if self.verify:  # every weight, also the frozen layers this sync left as they were; an adapter-serving
+            # engine's base is checked when it is pushed (its weights are the unmerged base, not the merged model)
+            self.check(model, engine, buckets if self.adapter_config is not None else None)
         return metrics
 
     def _push_all(self, units, buckets, device, engine) -> tuple[int, Exception | None]:

@@ -27,13 +27,20 @@ class RowPixels:
     - Qwen2-VL / Qwen2.5-VL: pixel_values (P, F), the patches of all the row's images, and image_grid_thw
       (I, 3), each image's (t, h, w) patch grid, P = sum of t*h*w;
     - Gemma-3: pixel_values (I, C, H, W).
-    `num_images` = I."""
+    `num_images` = I. `images`: the row's RGB PIL images themselves, in the same order, for engines that process
+    images on their own (vLLM)."""
 
     tensors: dict[str, torch.Tensor]
     num_images: int
+    images: tuple = ()
 
     def to(self, device) -> "RowPixels":
-        return RowPixels({k: v.to(device) for k, v in self.tensors.items()}, self.num_images)
+        return RowPixels({k: v.to(device) for k, v in self.tensors.items()}, self.num_images, self.images)
+
+    def __getstate__(self) -> dict:
+        """Pickled (a checkpoint's round in progress) without the PIL images: only sampling reads them, and a
+        saved round resumes with its updates."""
+        return {"tensors": self.tensors, "num_images": self.num_images, "images": ()}
 
 
 def process_row(processor, text: str, images: list) -> tuple[list[int], RowPixels | None]:
@@ -43,7 +50,7 @@ def process_row(processor, text: str, images: list) -> tuple[list[int], RowPixel
         return processor.tokenizer(text, add_special_tokens=False).input_ids, None
     out = processor(text=[text], images=[images], return_tensors="pt", add_special_tokens=False)
     pixels = {k: v for k, v in out.items() if k not in TOKEN_KEYS and isinstance(v, torch.Tensor)}
-    return out["input_ids"][0].tolist(), RowPixels(pixels, len(images))
+    return out["input_ids"][0].tolist(), RowPixels(pixels, len(images), tuple(images))
 
 
 def join_rows(rows: list[RowPixels | None], device=None) -> dict[str, torch.Tensor]:
@@ -60,6 +67,13 @@ def image_token_types(input_ids: torch.Tensor, image_token_id: int) -> torch.Ten
     """(B, L) int: 1 where the token is an image placeholder, 0 elsewhere (Qwen2-VL's `mm_token_type_ids`,
     Gemma-3's `token_type_ids`)."""
     return (input_ids == image_token_id).int()
+
+
+def collapse_placeholders(ids: list[int], image_token_id: int) -> list[int]:
+    """The ids with each image's run of placeholders (as the processor expanded it) back to one placeholder: the
+    prompt form engines that expand images themselves take (vLLM's Qwen2-VL family expands each
+    `<|vision_start|><|image_pad|><|vision_end|>`, and silently expands already expanded ids again)."""
+    return [t for i, t in enumerate(ids) if t != image_token_id or i == 0 or ids[i - 1] != image_token_id]
 
 
 def cut_at_placeholders(rollout, placeholder_ids: list[int], pad_token_id: int):

@@ -47,11 +47,38 @@ def position_ids(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
 
 def pixel_inputs(model, input_ids: torch.Tensor, rows: list, device=None) -> dict:
-    """What `model` takes beside the ids of these rows (`RowPixels` or None each, in row order) for their images:
-    the joined pixel inputs, and for a model with its own rotary index the image placeholders' token types it
-    reads when it numbers positions itself (in `generate`). {} when no row has an image."""
+    """What `model` takes beside the ids of these rows (`RowPixels` or None each, in row order) for their images
+    in `generate`: the joined pixel inputs; for a model with its own rotary index the image placeholders' token
+    types it reads when it numbers positions itself; for one that attends over each image both ways, the token
+    types that say so (`bidirectional_image_inputs`). {} when no row has an image."""
     inputs = join_rows(rows, device or input_ids.device)
     owner = rope_index_owner(model)
     if inputs and owner is not None:
         inputs["mm_token_type_ids"] = image_token_types(input_ids, owner.config.image_token_id)
+    if inputs:
+        inputs.update(bidirectional_image_inputs(model, input_ids))
     return inputs
+
+
+# Models whose image tokens attend to each other both ways (Gemma-3): they read it from `token_type_ids` (1 on image
+# tokens) in every forward. Without them the training forward would be causal over each image while generate's
+# first step, given them by the processor, is not: other log-probs. (PaliGemma reads token_type_ids the other way
+# round, 0 on its bidirectional prefix: not here until it is tested.)
+BIDIRECTIONAL_IMAGES = ("gemma3",)
+
+
+def bidirectional_image_inputs(model, input_ids: torch.Tensor) -> dict:
+    """{"token_type_ids": (B, L)} for a model of BIDIRECTIONAL_IMAGES, else {}."""
+    config = _config(model)
+    if getattr(config, "model_type", None) not in BIDIRECTIONAL_IMAGES:
+        return {}
+    return {"token_type_ids": image_token_types(input_ids, config.image_token_id).long()}
+
+
+def _config(model):
+    """The model's config through DDP and PEFT wrappers."""
+    for _ in range(3):
+        if hasattr(model, "config"):
+            return model.config
+        model = getattr(model, "module", None)
+    return None

@@ -28,9 +28,11 @@ class ImagePrompts:
 
     def __init__(self, processor, column: str = "images"):
         self.processor, self.column = processor, column
-        # the tokens the model's forward reads as images or videos (never kept in a sampled response)
+        # the tokens the model's forward reads as images or videos (never kept in a sampled response); Gemma-3's
+        # processor names its image's start marker, its tokenizer the soft tokens the model reads
         tokens = [getattr(processor, name, None) for name in ("image_token_id", "video_token_id")]
-        self.placeholder_ids = [t for t in tokens if isinstance(t, int)]
+        tokens.append(getattr(processor.tokenizer, "image_token_id", None))
+        self.placeholder_ids = sorted({t for t in tokens if isinstance(t, int)})
 
     def prompt_ids(self, row: dict, where: str, tools: list[dict] | None = None) -> list[int]:
         """The row's prompt token ids, its image placeholders expanded (refused: images without matching image

@@ -56,8 +56,9 @@ def check_vision_inputs(model, processor, args, with_images: list[str], multi_tu
                          f"text-only model with no vision encoder: pass a vision-language model (e.g. Qwen2-VL, "
                          f"Qwen2.5-VL), or drop the column {column!r}.")
     not_yet = [
-        (args.rollout_engine != "hf", f"rollout_engine={args.rollout_engine!r} (what 'auto' picks on a CUDA machine "
-                                      f"with vLLM)", "set rollout_engine='hf'"),
+        (args.rollout_engine in ("vllm", "vllm_server") and not vllm_takes_images(config),
+         f"rollout_engine={args.rollout_engine!r} with a {getattr(config, 'model_type', None)} model (vLLM takes "
+         f"image prompts here for the Qwen2-VL family)", "set rollout_engine='hf'"),
         (multi_turn, "multi-turn rollouts (tools= / environment=)", "train on single-turn prompts"),
         (teacher or bool(args.teacher_model_path), "a distillation teacher", "train without teacher="),
         (args.gkd_lambda < 1.0, f"gkd_lambda={args.gkd_lambda} (the dataset's answers)", "set gkd_lambda=1.0"),
@@ -74,6 +75,12 @@ def check_vision_inputs(model, processor, args, with_images: list[str], multi_tu
             raise ValueError(f"the {with_images[0]} dataset has images (column {column!r}), which {what} does not "
                              f"carry yet: {fix}.")
     return True
+
+
+def vllm_takes_images(config) -> bool:
+    from ..rollout.vllm_vision import IMAGE_MODEL_TYPES
+
+    return config is None or getattr(config, "model_type", None) in IMAGE_MODEL_TYPES
 
 
 def advantage_needs_values(args) -> bool:
@@ -134,9 +141,9 @@ def load_processor(processing_class, model, with_images: bool):
     path = model if isinstance(model, str) else getattr(config, "_name_or_path", None)
     if config is None or not has_vision(config) or not path:
         return None
-    from transformers import AutoProcessor
+    from .without_torchvision import load_processor as load_saved_processor
 
-    return AutoProcessor.from_pretrained(path)
+    return load_saved_processor(path, getattr(config, "model_type", None))
 
 
 def share_chat_template(processor, tokenizer) -> None:
