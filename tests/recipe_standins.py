@@ -59,3 +59,23 @@ def save_score_model(path, tokenizer, score_type: str, seed: int = 0, **config_f
               "score_type": score_type, "do_normalize": False, **config_fields}
     (path / "config.json").write_text(json.dumps(fields))
     tokenizer.save_pretrained(path)
+
+
+def geometry3k_like(n: int, seed: int) -> list[dict]:
+    """Rows with hiyouga/geometry3k's columns: `images` (one figure, PNG bytes as datasets stores them), a
+    `problem` whose `<image>` marks the figure, and the `answer`."""
+    import io
+
+    from PIL import Image, ImageDraw
+
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        angle = rng.choice([30, 45, 60, 90])
+        figure = Image.new("RGB", (rng.choice([56, 84]), 56), "white")
+        ImageDraw.Draw(figure).line([(4, 50), (50, 50), (4 + angle // 3, 8)], fill="black", width=2)
+        png = io.BytesIO()
+        figure.save(png, format="PNG")
+        rows.append({"images": [{"bytes": png.getvalue(), "path": None}],
+                     "problem": "<image>Find the measure of angle A.", "answer": str(angle)})
+    return rows

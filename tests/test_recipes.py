@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from architectures import build, build_tokenizer
-from recipe_standins import gsm8k_like, hh_like, safe_rlhf_like, save_score_model
+from recipe_standins import geometry3k_like, gsm8k_like, hh_like, safe_rlhf_like, save_score_model
 from verl_hf.cli import parse_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -20,7 +20,8 @@ SIZES = ["--rollout_engine", "hf", "--use_cpu", "true", "--bf16", "false", "--gr
          "--max_steps", "2", "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "1",
          "--max_prompt_length", "160", "--max_response_length", "16", "--eval_steps", "2",
          "--per_device_eval_batch_size", "8", "--save_strategy", "no", "--logging_steps", "1"]
-SIZES_PER_RECIPE = {"gsm8k/ppo": ["--generation_batch_size", "16"]}  # 2 optimizer steps per round, as the recipe
+SIZES_PER_RECIPE = {"gsm8k/ppo": ["--generation_batch_size", "16"],  # 2 optimizer steps per round, as the recipe
+                    "geometry3k/grpo": ["--per_device_train_batch_size", "10"]}  # 2 prompts x its 5 samples
 
 
 def prepare(recipe: str, rows: dict, tmp_path_factory, stdout: str) -> str:
@@ -259,6 +260,52 @@ def test_reward_critic_starts_from_the_reward_model(beaver_like, tiny_qwen2, tmp
     assert torch.equal(trainer.critic.model.score.weight, reward.score.weight)
     with pytest.raises(ValueError, match="critic_model_path=.*takes effect only when adv_estimator='gae'"):
         small_config(tmp_path, critic_model_path=paths["reward"])  # GRPO: no critic to start
+
+
+@pytest.fixture(scope="module")
+def geometry3k_prompts(tmp_path_factory):
+    """The recipe's prepare.py run on a local parquet folder with Geometry3K's columns (figures as PNG bytes)."""
+    from datasets import Dataset
+
+    source, out = tmp_path_factory.mktemp("geometry3k_source"), tmp_path_factory.mktemp("geometry3k") / "prompts"
+    for split, rows in {"train": geometry3k_like(16, 0), "test": geometry3k_like(8, 1)}.items():
+        Dataset.from_list(rows).to_parquet(str(source / f"{split}.parquet"))
+    cmd = [sys.executable, str(RECIPES / "geometry3k" / "prepare.py"), "--source", str(source), "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "train 16 prompts, test 8 prompts" in done.stdout, done.stdout
+    return str(out)
+
+
+def test_geometry3k_prepare_puts_the_figure_where_its_marker_was(geometry3k_prompts):
+    from datasets import load_from_disk
+
+    from verl_hf.vision.images import row_images
+
+    row = load_from_disk(geometry3k_prompts)["test"][0]
+    parts = row["prompt"][0]["content"]
+    assert [p["type"] for p in parts] == ["image", "text", "text"] and "\\boxed{}" in parts[-1]["text"]
+    assert parts[1]["text"] == "Find the measure of angle A." and row["answer"] in ("30", "45", "60", "90")
+    assert row_images(row, "images", "test row 0")[0].size[1] == 56  # the figure reads back from its bytes
+
+
+def test_geometry3k_recipe_trains_a_tiny_qwen2_5_vl_on_the_stand_in(geometry3k_prompts, tmp_path):
+    """The recipe as written but for the model (a tiny random-weight Qwen2.5-VL with a processor built locally),
+    the sizes and the HF engine: two GRPO steps on image prompts, evaluated before and after."""
+    import importlib.util
+
+    from verl_hf.demo.tiny_vision import build_tiny_qwen2_5_vl, build_vision_processor
+
+    spec = importlib.util.spec_from_file_location("geometry3k_prepare", RECIPES / "geometry3k" / "prepare.py")
+    prepare_module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prepare_module)
+    processor = build_vision_processor([prepare_module.INSTRUCTION, "Find the measure of angle A. 30 45 60 90"],
+                                       vocab_size=400)
+    build_tiny_qwen2_5_vl(processor).save_pretrained(tmp_path / "model")
+    processor.save_pretrained(tmp_path / "model")
+    summary = train("geometry3k/grpo", ["--model_name_or_path", str(tmp_path / "model"), "--dataset_name",
+                                        geometry3k_prompts], tmp_path)
+    assert summary["steps"] == 2 and 0 <= summary["accuracy_after"] <= 1, summary
 
 
 @pytest.mark.parametrize("path", sorted(RECIPES.glob("*/*.yaml")), ids=lambda p: f"{p.parent.name}/{p.stem}")

@@ -1,7 +1,7 @@
-"""Vision-language rollouts with HF generate on a tiny random-weight Qwen2-VL and Gemma-3 built locally: the Actor
-takes the model's processor, the rows' images go into the prompts and to the engine, each sample keeps its prompt's pixels,
-and the trainer's forward scores the samples as the engine sampled them (1e-4, fp32), in micro-batches of any
-size; bad image inputs are refused naming the row."""
+"""Vision-language rollouts with HF generate on tiny random-weight Qwen2-VL, Qwen2.5-VL and Gemma-3 built locally:
+the Actor takes the model's processor, the rows' images go into the prompts and to the engine, each sample keeps
+its prompt's pixels, and the trainer's forward scores the samples as the engine sampled them (1e-4, fp32), in
+micro-batches of any size; bad image inputs are refused naming the row."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ import torch
 from vision_engine_checks import PROMPT_WORDS, budget_gradients, image_row, image_rows, picture
 
 
-@pytest.fixture(scope="module", params=["qwen2_vl", "gemma3"])
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "gemma3"])
 def actor(request):
-    """A tiny Qwen2-VL (images of any size, 3-D rotary positions) or Gemma-3 (every image resized to one square,
-    its tokens attending to each other both ways) and its processor."""
-    from verl_hf.demo.tiny_vision import (build_gemma3_processor, build_tiny_gemma3, build_tiny_qwen2_vl,
-                                          build_vision_processor)
+    """A tiny Qwen2-VL (images of any size, 3-D rotary positions), Qwen2.5-VL (the same, windowed attention in its
+    tower) or Gemma-3 (every image resized to one square, its tokens attending to each other both ways) and its
+    processor."""
+    from verl_hf.demo.tiny_vision import (build_gemma3_processor, build_tiny_gemma3, build_tiny_qwen2_5_vl,
+                                          build_tiny_qwen2_vl, build_vision_processor)
     from verl_hf.roles import Actor
 
     words = [PROMPT_WORDS]
@@ -23,7 +24,8 @@ def actor(request):
         processor = build_gemma3_processor(words, vocab_size=300)
         return Actor(build_tiny_gemma3(processor), processor, logits_chunk_size=0)
     processor = build_vision_processor(words, vocab_size=300)
-    return Actor(build_tiny_qwen2_vl(processor), processor, logits_chunk_size=0)
+    build = build_tiny_qwen2_5_vl if request.param == "qwen2_5_vl" else build_tiny_qwen2_vl
+    return Actor(build(processor), processor, logits_chunk_size=0)
 
 
 def test_engine_logprobs_equal_the_trainers_forward_with_one_and_two_images(actor):

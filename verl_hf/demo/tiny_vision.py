@@ -126,3 +126,23 @@ def build_tiny_gemma3(processor, hidden_size: int = 128, num_layers: int = 2, vi
         # a random model would then give every image the same (zero) embeddings and ignore what it shows
         model.model.multi_modal_projector.mm_input_projection_weight.normal_(0.0, 0.02)
     return model
+
+
+def build_tiny_qwen2_5_vl(processor, hidden_size: int = 128, num_layers: int = 2, vision_depth: int = 2,
+                          seed: int = 0, max_positions: int = 1024):
+    """A random-weight `Qwen2_5_VLForConditionalGeneration` (Qwen2.5-VL's vision tower: windowed attention in all
+    blocks but the last, RMSNorm, SwiGLU) for `processor`'s tokens (Qwen2.5-VL takes Qwen2-VL's processor and
+    tokens); heads 64 wide, tied embeddings."""
+    import torch
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    base = build_tiny_qwen2_vl(processor, hidden_size, num_layers, vision_depth, seed, max_positions).config
+    text = base.text_config.to_dict()
+    vision = dict(depth=vision_depth, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                  num_heads=hidden_size // 64, out_hidden_size=hidden_size, fullatt_block_indexes=[vision_depth - 1],
+                  window_size=56, patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
+    ids = {k: getattr(base, k) for k in ("image_token_id", "video_token_id", "vision_start_token_id",
+                                          "vision_end_token_id")}
+    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids)
+    torch.manual_seed(seed)
+    return Qwen2_5_VLForConditionalGeneration(config)
