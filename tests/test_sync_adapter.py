@@ -111,6 +111,10 @@ def test_auto_serves_the_adapter_where_it_can(tmp_path, caplog):
     assert engine_lora_rank(served) == 16  # vLLM's kernel sizes: 1, 8, 16, 32, ...
     assert lora_serving(small_config(tmp_path, rollout_engine="vllm", vllm_lora="merge"), _lora()) is None
     assert lora_serving(small_config(tmp_path, rollout_engine="vllm"), None) is None
+    # image prompts: the adapter is merged (not measured with vLLM's kernels on a vision-language model)
+    with pytest.raises(ValueError, match="vllm_lora='adapter' cannot serve .*the prompts have images"):
+        lora_serving(small_config(tmp_path, rollout_engine="vllm", vllm_lora="adapter"), _lora(), vision=True)
+    assert lora_serving(small_config(tmp_path, rollout_engine="vllm"), _lora(), vision=True) is None
 
 
 def test_partial_rollouts_merge_the_adapter(tmp_path):

@@ -100,7 +100,8 @@ class VerlTrainer(Trainer):
         with_images = datasets_with_images({"train": train_dataset, "eval": eval_dataset}, args.image_column)
         processor = load_processor(processing_class, model, bool(with_images))  # vision-language, or None
         setup.refuse_settings_without_effect(args, tools, environment, teacher, lora, vision=processor is not None)
-        adapter = lora_serving(args, lora)  # vLLM serves the adapter itself, or None: merged weights
+        # vLLM serves the adapter itself, or None: merged weights
+        adapter = lora_serving(args, lora, vision=bool(with_images) and processor is not None)
         self.reward_funcs, self.reward_weights = setup.resolve_rewards(args, reward_funcs, reward_model, environment,
                                                                        teacher)
         tokenizer = setup.load_tokenizer(processor.tokenizer if processor else processing_class, model, args)
