@@ -16,31 +16,29 @@ from __future__ import annotations
 import torch
 
 from ..vision.inputs import image_token_types, join_rows, process_row
-from .sft_loop import StopAtAccuracy, train_until
+from .sft_loop import StopAtAccuracy, pad_collate, train_until
 from .tiny_vision import build_tiny_qwen2_vl, build_vision_processor
 from .vision_task import names_the_color, vision_corpus, vision_splits
 
 
 def vision_collate(processor):
-    """Rows (prompt, images, answer) -> the model's inputs with labels on the answer and the end of its turn."""
+    """Rows (prompt, images, answer) -> the model's inputs with labels on the answer and the end of its turn:
+    sft_loop's padding (on the right) of the ids and labels, the image token types and the rows' joined pixels."""
     tokenizer = processor.tokenizer
+    pad = pad_collate(tokenizer, left=False)
 
     def collate(rows):
-        ids, labels, pixels = [], [], []
+        encoded, pixels = [], []
         for row in rows:
             text = processor.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
             prompt, row_pixels = process_row(processor, text, row["images"])
             answer = tokenizer(row["answer"], add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
-            ids.append(prompt + answer)
-            labels.append([-100] * len(prompt) + answer)
+            encoded.append({"input_ids": prompt + answer, "labels": [-100] * len(prompt) + answer})
             pixels.append(row_pixels)
-        width = max(len(i) for i in ids)
-        input_ids = torch.tensor([i + [tokenizer.pad_token_id] * (width - len(i)) for i in ids])
-        return {"input_ids": input_ids,
-                "attention_mask": torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i in ids]),
-                "labels": torch.tensor([label + [-100] * (width - len(label)) for label in labels]),
-                # Qwen2-VL numbers its 3-D rotary positions itself from these (vision/positions.py)
-                "mm_token_type_ids": image_token_types(input_ids, processor.image_token_id), **join_rows(pixels)}
+        batch = pad(encoded)
+        # Qwen2-VL numbers its 3-D rotary positions itself from these (vision/positions.py)
+        batch["mm_token_type_ids"] = image_token_types(batch["input_ids"], processor.image_token_id)
+        return {**batch, **join_rows(pixels)}
 
     return collate
 

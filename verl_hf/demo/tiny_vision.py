@@ -39,13 +39,9 @@ def build_vision_processor(corpus: list[str], vocab_size: int = 400, min_pixels:
     return ImageOnlyQwen2VLProcessor(image_processor=images, tokenizer=tokenizer, chat_template=VISION_CHAT_TEMPLATE)
 
 
-def build_tiny_qwen2_vl(processor, hidden_size: int = 128, num_layers: int = 2, vision_depth: int = 2,
-                        seed: int = 0, max_positions: int = 1024):
-    """A random-weight `Qwen2VLForConditionalGeneration` for `processor`'s tokens: heads 64 wide in the
-    language model and the vision tower, tied embeddings."""
-    import torch
-    from transformers.models.qwen2_vl import Qwen2VLConfig, Qwen2VLForConditionalGeneration
-
+def _qwen_vl_language(processor, hidden_size: int, num_layers: int, max_positions: int) -> tuple[dict, dict, dict]:
+    """(text config, the vision token ids, the special token ids) the tiny Qwen2-VL family shares: heads 64 wide,
+    M-RoPE over (t, h, w), tied embeddings, for `processor`'s tokens."""
     tokenizer = processor.tokenizer
     ids = {f"{name}_token_id": tokenizer.convert_tokens_to_ids(token) for name, token in
            [("image", "<|image_pad|>"), ("video", "<|video_pad|>"), ("vision_start", "<|vision_start|>"),
@@ -53,12 +49,24 @@ def build_tiny_qwen2_vl(processor, hidden_size: int = 128, num_layers: int = 2, 
     special = dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                    bos_token_id=tokenizer.bos_token_id)
     half = 64 // 2  # M-RoPE splits each head's 32 rotary frequencies over (t, h, w)
+    text = dict(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                num_hidden_layers=num_layers, num_attention_heads=hidden_size // 64,
+                num_key_value_heads=hidden_size // 64, max_position_embeddings=max_positions,
+                rope_scaling={"type": "mrope", "mrope_section": [half // 4, 3 * half // 8, 3 * half // 8]},
+                tie_word_embeddings=True, **special)
+    return text, ids, special
+
+
+def build_tiny_qwen2_vl(processor, hidden_size: int = 128, num_layers: int = 2, vision_depth: int = 2,
+                        seed: int = 0, max_positions: int = 1024):
+    """A random-weight `Qwen2VLForConditionalGeneration` for `processor`'s tokens: heads 64 wide in the
+    language model and the vision tower, tied embeddings."""
+    import torch
+    from transformers.models.qwen2_vl import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    text, ids, special = _qwen_vl_language(processor, hidden_size, num_layers, max_positions)
     config = Qwen2VLConfig(
-        text_config=dict(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                         num_hidden_layers=num_layers, num_attention_heads=hidden_size // 64,
-                         num_key_value_heads=hidden_size // 64, max_position_embeddings=max_positions,
-                         rope_scaling={"type": "mrope", "mrope_section": [half // 4, 3 * half // 8, 3 * half // 8]},
-                         tie_word_embeddings=True, **special),
+        text_config=text,
         vision_config=dict(depth=vision_depth, embed_dim=hidden_size, hidden_size=hidden_size,
                            num_heads=hidden_size // 64, mlp_ratio=2, patch_size=14, spatial_merge_size=2,
                            temporal_patch_size=2, in_chans=3),
@@ -136,13 +144,10 @@ def build_tiny_qwen2_5_vl(processor, hidden_size: int = 128, num_layers: int = 2
     import torch
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    base = build_tiny_qwen2_vl(processor, hidden_size, num_layers, vision_depth, seed, max_positions).config
-    text = base.text_config.to_dict()
+    text, ids, _ = _qwen_vl_language(processor, hidden_size, num_layers, max_positions)
     vision = dict(depth=vision_depth, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
                   num_heads=hidden_size // 64, out_hidden_size=hidden_size, fullatt_block_indexes=[vision_depth - 1],
                   window_size=56, patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
-    ids = {k: getattr(base, k) for k in ("image_token_id", "video_token_id", "vision_start_token_id",
-                                          "vision_end_token_id")}
     config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids)
     torch.manual_seed(seed)
     return Qwen2_5_VLForConditionalGeneration(config)

@@ -30,7 +30,8 @@ import io
 import warnings
 
 from ..vision.inputs import collapse_placeholders
-from ..vision.without_torchvision import ImageOnlyQwen2VLProcessor, allow_qwen2_vl_without_torchvision, has_torchvision
+from ..vision.without_torchvision import (QWEN2_VL_FAMILY, ImageOnlyQwen2VLProcessor,
+                                           allow_qwen2_vl_without_torchvision, has_torchvision)
 
 # The HF architectures whose image prompts vLLM takes here: (vLLM module, the prefix of its processing classes).
 IMAGE_ARCHITECTURES = {
@@ -39,7 +40,7 @@ IMAGE_ARCHITECTURES = {
 }
 
 
-IMAGE_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")  # their configs' model_type
+IMAGE_MODEL_TYPES = QWEN2_VL_FAMILY  # their configs' model_type
 
 
 def check_image_architecture(architecture: str) -> None:
