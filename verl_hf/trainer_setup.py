@@ -145,12 +145,18 @@ def _tool_specs(args: VerlConfig, tools) -> list:
     return [*(args.tools or []), *([tools] if callable(tools) or isinstance(tools, str) else (tools or []))]
 
 
-def make_multi_turn(args: VerlConfig, tools, environment, tokenizer):
+def is_multi_turn(args: VerlConfig, tools, environment) -> bool:
+    """True when the run plays conversations: `tools=` (or `args.tools`) or `environment=` are given."""
+    return bool(_tool_specs(args, tools)) or environment is not None
+
+
+def make_multi_turn(args: VerlConfig, tools, environment, tokenizer, processor=None):
     """The MultiTurnRollout for `tools=` (and `args.tools`) or `environment=`, or None for single-turn
-    rollouts. Everything is checked here, before any model loads: the tools' schemas, the factory, the chat
-    template (tool support, extendable turn by turn)."""
+    rollouts (`processor`: a vision-language run's, so that environments may answer with images). Everything
+    is checked here, before any model loads: the tools' schemas, the factory, the chat template (tool support,
+    extendable turn by turn)."""
     specs = _tool_specs(args, tools)
-    if not specs and environment is None:
+    if not is_multi_turn(args, tools, environment):
         return None
     from .agent import MultiTurnRollout, as_tools, check_extendable, environment_factory, tool_call_parser
     from .agent.parsers import check_parser_fits_template
@@ -172,7 +178,7 @@ def make_multi_turn(args: VerlConfig, tools, environment, tokenizer):
     check_extendable(tokenizer, schemas)
     make_env = environment_factory(environment, tool_map, args.tool_call_parser, args.max_tool_calls,
                                    args.tool_timeout_s)
-    return MultiTurnRollout(make_env, tokenizer, schemas, args.max_turns, args.max_response_length, args.env_timeout_s,
+    return MultiTurnRollout(make_env, processor or tokenizer, schemas, args.max_turns, args.max_response_length, args.env_timeout_s,
                             turn_length=args.max_turn_length, max_prompt_tokens=args.max_prompt_length)
 
 

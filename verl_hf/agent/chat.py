@@ -38,7 +38,14 @@ def with_calls(turn: dict, tool_calls) -> dict:
 
 def continuation_ids(tokenizer, messages: list[dict], turn_ids: list[int], new_messages: list[dict],
                      tools: list[dict] | None = None, tool_calls=()) -> list[int]:
-    """Ids to append after `turn_ids` (the model's turn, ending with its end-of-turn token, whose `tool_calls`
+    """The ids of `continuation_text` (the arguments are its)."""
+    text = continuation_text(tokenizer, messages, turn_ids, new_messages, tools, tool_calls)
+    return tokenizer(text, add_special_tokens=False).input_ids
+
+
+def continuation_text(tokenizer, messages: list[dict], turn_ids: list[int], new_messages: list[dict],
+                      tools: list[dict] | None = None, tool_calls=()) -> str:
+    """The text to append after `turn_ids` (the model's turn, ending with its end-of-turn token, whose `tool_calls`
     were read from it) answering `messages` (the conversation it was shown): the rest of the template's closing
     of that turn, the `new_messages`, and the next assistant header. How the template renders the turn itself
     does not matter (some trim it, some render the calls from `tool_calls`): only what comes after its
@@ -60,8 +67,7 @@ def continuation_ids(tokenizer, messages: list[dict], turn_ids: list[int], new_m
         raise ChatTemplateError(f"the chat template does not end an assistant turn with the token the model ended "
                                 f"it with ({end_of_turn!r}, the tokenizer's eos_token): set tokenizer.eos_token to "
                                 f"the template's end-of-turn token (e.g. '<|im_end|>' for ChatML templates).")
-    suffix = answered[closing + len(end_of_turn):] + following[len(answered):]
-    return tokenizer(suffix, add_special_tokens=False).input_ids
+    return answered[closing + len(end_of_turn):] + following[len(answered):]
 
 
 def _mismatch(what: str, expected_prefix: str, rendered: str) -> str:

@@ -11,6 +11,13 @@ its environment says so (for tools: a turn without a tool call), after `max_turn
 total of `max_tokens` (model and environment tokens together) would be passed, or when a turn reaches the
 sampling's `max_new_tokens` without ending.
 
+Images (a vision-language policy, MultiTurnRollout given its processor): a conversation keeps its pixel inputs
+(`vision.RowPixels`), its prompt's and then those of every image an environment or tool answers with, in the order
+their placeholders appear in its ids; each answer's placeholders are expanded to its images' tokens as the
+processor expands them, every turn goes to the engine with all the conversation's images so far, and a turn that
+samples an image placeholder is cut before it (stop "image_token"). A reply that would bring a sample past
+the engine's `max_images_per_prompt` ends it ("budget").
+
 `to_batch` makes the round's RolloutBatch: `response_mask` is 1 on the model's tokens only, `env_mask` 1 on
 the environment's (attended, never trained on), sampling log-probs exist for the model's tokens, and an
 environment's per-turn rewards sit on the last token of their turn (`turn_rewards`).
@@ -32,12 +39,17 @@ from ..batch import RolloutBatch, row_columns
 from ..data import tokenize_prompt
 from ..rewards.calling import RewardTimeout, run_coroutines
 from ..rollout.base import SamplingConfig, left_pad
-from .chat import ChatTemplateError, continuation_ids, with_calls
+from ..vision.images import message_images
+from ..vision.inputs import extend_row, image_runs, image_token_of, process_row
+from ..vision.prompts import ImagePrompts
+from ..vision.setup import is_processor
+from .chat import ChatTemplateError, continuation_text, with_calls
 from .environment import Step
 from .tools import call_anyhow
 
 logger = logging.getLogger(__name__)
-STOP_REASONS = ("done", "max_turns", "budget", "length", "other_stop", "template")
+STOP_REASONS = ("done", "max_turns", "budget", "length", "other_stop", "template", "image_token")
+TRUNCATED = ("budget", "length", "max_turns", "image_token")  # the stops that cut a sample short
 
 
 @dataclass
@@ -57,30 +69,43 @@ class Conversation:
     last_turn: list[int] = field(default_factory=list)
     prompt: list[dict] = field(default_factory=list)  # the opening messages (the row's prompt, or reset()'s)
     index: int = 0  # its place in the round's batch (errors name it)
+    pixels: object = None  # vision.RowPixels of every image in prompt_ids + ids so far, or None
+    max_images: int | None = None  # the most images the engine takes in one prompt (None: no limit)
 
 
 class MultiTurnRollout:
-    """Holds: the environment factory, the tokenizer, the tools' schemas (for the chat template), and the
-    limits: `max_turns`, `max_tokens` per sample (model and environment tokens), `turn_length` per turn,
-    `env_timeout_s` per answer, `max_prompt_tokens` for the messages an environment's reset() opens with."""
+    """Holds: the environment factory, the tokenizer (and a vision-language policy's processor), the tools'
+    schemas (for the chat template), and the limits: `max_turns`, `max_tokens` per sample (model and environment
+    tokens), `turn_length` per turn, `env_timeout_s` per answer, `max_prompt_tokens` for the messages an
+    environment's reset() opens with."""
 
     def __init__(self, make_env, tokenizer, tools_schema: list[dict] | None, max_turns: int, max_tokens: int,
                  env_timeout_s: float | None, turn_length: int | None = None, max_prompt_tokens: int | None = None):
-        """`turn_length`: the most tokens one turn may sample (None: the caller's max_new_tokens)."""
+        """`tokenizer`: the policy's tokenizer, or a vision-language policy's processor (`AutoProcessor`): then
+        environments and tools may answer with images. `turn_length`: the most tokens one turn may sample (None:
+        the caller's max_new_tokens)."""
+        self.processor = tokenizer if is_processor(tokenizer) else None
+        tokenizer = self.processor.tokenizer if self.processor is not None else tokenizer
         self.make_env, self.tokenizer, self.tools_schema = make_env, tokenizer, tools_schema
+        self.image_token_id = image_token_of(self.processor) if self.processor is not None else None
+        self.placeholder_ids = set(ImagePrompts(self.processor).placeholder_ids) if self.processor is not None else set()
         self.max_turns, self.max_tokens, self.env_timeout_s = max_turns, max_tokens, env_timeout_s
         self.turn_length, self.max_prompt_tokens = turn_length, max_prompt_tokens
         self.said_in_step = False  # the log line that says an engine plays turns in step, once
 
-    def run(self, engine, rows: list[dict], params: SamplingConfig) -> list[Conversation]:
-        """`params.num_return_sequences` conversations per row (adjacent), played to their end. The last
+    def run(self, engine, rows: list[dict], params: SamplingConfig, pixels: list | None = None) -> list[Conversation]:
+        """`params.num_return_sequences` conversations per row (adjacent), played to their end (`pixels`: each
+        row's `vision.RowPixels` or None, the images in its prompt_ids). The last
         allowed turn is answered too (an environment may score it), but nothing is appended after it. On an
         engine that `serves_requests_concurrently` (the vLLM server; colocated vLLM without tensor parallelism)
         every sample advances on its own
         (`play_independently`); otherwise a round's turns are in step: one batched generate call per turn,
         then every sample's environment at once."""
         n = params.num_return_sequences
-        conversations = self.start([row for row in rows for _ in range(n)])
+        conversations = self.start([row for row in rows for _ in range(n)],
+                                   [p for p in pixels or [None] * len(rows) for _ in range(n)])
+        for c in conversations:
+            c.max_images = getattr(engine, "max_images_per_prompt", None)
         seeds = None if params.row_seeds is None else [(s, k) for s in params.row_seeds for k in range(n)]
         if getattr(engine, "serves_requests_concurrently", False):
             return self.play_independently(engine, conversations, params, seeds)
@@ -149,37 +174,62 @@ class MultiTurnRollout:
             if c.stop is not None:
                 return
 
-    def start(self, rows: list[dict]) -> list[Conversation]:
+    def start(self, rows: list[dict], pixels: list) -> list[Conversation]:
         """A conversation per row: the messages its environment's reset() opens it with, or else the row's
-        chat prompt (and its ids, tokenized with the dataset)."""
+        chat prompt (and its ids, tokenized with the dataset, and `pixels`, its images')."""
         envs = [self.make_env() for _ in rows]
         firsts = self._all([(env.reset, (row,)) for env, row in zip(envs, rows)], "reset", range(len(rows)))
         conversations = []
-        for index, (row, env, first) in enumerate(zip(rows, envs, firsts)):
+        for index, (row, env, first, row_pixels) in enumerate(zip(rows, envs, firsts, pixels)):
             if first is None:
                 if not isinstance(row.get("prompt"), list):
                     raise ValueError("multi-turn rollouts need chat prompts (a list of {'role', 'content'} messages "
                                      f"per row); got {type(row.get('prompt')).__name__}.")
                 prompt, ids = list(row["prompt"]), list(row["prompt_ids"])
             else:
-                prompt, ids = self._opening(first, index)
-            conversations.append(Conversation(ids, list(prompt), env, prompt=prompt, index=index))
+                prompt, ids, row_pixels = self._opening(first, index)
+            conversations.append(Conversation(ids, list(prompt), env, prompt=prompt, index=index, pixels=row_pixels))
         return conversations
 
-    def _opening(self, messages, index: int) -> tuple[list[dict], list[int]]:
-        """reset()'s messages, checked (chat messages that fit in `max_prompt_tokens` once templated), and
-        their ids."""
+    def _opening(self, messages, index: int) -> tuple[list[dict], list[int], object]:
+        """reset()'s messages, checked (chat messages that fit in `max_prompt_tokens` once templated), their
+        ids and the pixel inputs of their images (None without)."""
         if not isinstance(messages, list) or not messages or not all(
-                isinstance(m, dict) and "role" in m and isinstance(m.get("content"), str) for m in messages):
+                isinstance(m, dict) and "role" in m and isinstance(m.get("content"), (str, list)) for m in messages):
             raise TypeError(f"environment.reset returned {str(messages)[:80]!r} for sample {index}: return None (the "
                             f"row's prompt opens the conversation) or a non-empty list of {{'role', 'content'}} "
                             f"messages.")
-        ids = tokenize_prompt(self.tokenizer, messages, self.tools_schema)
+        images = self._images_of(messages, f"environment.reset's messages for sample {index}")
+        if images:
+            text = self.tokenizer.apply_chat_template(messages, tools=self.tools_schema or None, tokenize=False,
+                                                      add_generation_prompt=True)
+            ids, pixels = self._expanded(text, images, f"environment.reset's messages for sample {index}")
+        else:
+            ids, pixels = tokenize_prompt(self.tokenizer, messages, self.tools_schema), None
         if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
             raise ValueError(f"environment.reset opened sample {index} with {len(ids)} tokens, more than "
                              f"max_prompt_length={self.max_prompt_tokens}: raise max_prompt_length or open with "
                              f"fewer tokens.")
-        return list(messages), ids
+        return list(messages), ids, pixels
+
+    def _images_of(self, messages: list[dict], where: str) -> list:
+        """The images in the messages' image parts (read as RGB PIL images); refused without a processor."""
+        images = message_images(messages, where)
+        if images and self.processor is None:
+            raise ValueError(f"{where} has {len(images)} image(s), but this rollout has no vision-language processor "
+                             f"to show them to the model: pass the model's processor (processing_class="
+                             f"AutoProcessor.from_pretrained(...)) with a vision-language policy, or answer in text.")
+        return images
+
+    def _expanded(self, text: str, images: list, where: str) -> tuple[list[int], object]:
+        """The ids of `text` (rendered messages) with each image's placeholder expanded, and its pixel inputs;
+        refused where the chat template did not render a placeholder for every image."""
+        ids, pixels = process_row(self.processor, text, images)
+        if image_runs(ids, self.image_token_id) != len(images):
+            raise ValueError(f"{where}: the chat template rendered {image_runs(ids, self.image_token_id)} image "
+                             f"placeholder(s) for {len(images)} image(s); use a template that renders the image parts "
+                             f"of every role's messages (Qwen2-VL's does).")
+        return ids, pixels
 
     def sample_turn(self, engine, active: list[Conversation], params: SamplingConfig, seeds) -> None:
         """One turn of the model for every conversation in `active`, appended as sampled."""
@@ -187,14 +237,21 @@ class MultiTurnRollout:
         cap = min(params.max_new_tokens, self.turn_length or params.max_new_tokens, max(room, default=1))
         turn = replace(params, max_new_tokens=cap, num_return_sequences=1,
                        row_seeds=seeds, return_logprobs=True, return_routes=False)
-        out = engine.generate([c.prompt_ids + c.ids for c in active], turn)
+        pixels = [c.pixels for c in active]
+        images = {"pixels": pixels} if any(p is not None for p in pixels) else {}
+        out = engine.generate([c.prompt_ids + c.ids for c in active], turn, **images)
         for row, (c, space) in enumerate(zip(active, room)):
             length = int(out.response_mask[row].sum())
             ids = out.response_ids[row, :length].tolist()[:space]
-            logprobs = out.logprobs[row, :length].tolist()[:space] if out.logprobs is not None else [0.0] * len(ids)
+            # A sampled image placeholder would be read as an image without pixels in training: the turn ends before.
+            cut = next((i for i, t in enumerate(ids) if t in self.placeholder_ids), None)
+            ids = ids[:cut]
+            logprobs = out.logprobs[row, :length].tolist()[:len(ids)] if out.logprobs is not None else [0.0] * len(ids)
             c.ids, c.from_model, c.logprobs = c.ids + ids, c.from_model + [1] * len(ids), c.logprobs + logprobs
             c.last_turn, c.turns = ids, c.turns + 1
-            if len(ids) < length:
+            if cut is not None:
+                c.stop = "image_token"
+            elif len(ids) < length:
                 c.stop = "budget"
             elif bool(out.truncated[row]):
                 c.stop = "length" if len(ids) < space else "budget"
@@ -230,18 +287,27 @@ class MultiTurnRollout:
         if step.done or last:
             c.stop = "done" if step.done else "max_turns"
             return
+        where = f"the environment's answer to sample {c.index}"
+        images = self._images_of(step.messages, where)
+        held = c.pixels.num_images if c.pixels is not None else 0
+        if images and c.max_images is not None and held + len(images) > c.max_images:
+            c.stop = "budget"  # the engine takes no more images in one prompt
+            return
         try:
-            suffix = continuation_ids(self.tokenizer, before, c.last_turn, step.messages, self.tools_schema,
-                                      step.tool_calls)
+            text = continuation_text(self.tokenizer, before, c.last_turn, step.messages, self.tools_schema,
+                                     step.tool_calls)
         except ChatTemplateError as exc:  # this turn's text: the template's check at start-up passed
             logger.warning("multi-turn: a sample ends early, its continuation failed: %s", exc)
             c.stop = "template"
             return
+        suffix, pixels = self._expanded(text, images, where) if images else \
+            (self.tokenizer(text, add_special_tokens=False).input_ids, None)
         if len(c.ids) + len(suffix) >= self.max_tokens:  # no room left for another turn
             c.stop = "budget"
             return
         c.ids, c.from_model = c.ids + suffix, c.from_model + [0] * len(suffix)
         c.logprobs += [0.0] * len(suffix)
+        c.pixels = extend_row(c.pixels, pixels)
 
     def _all(self, calls: list[tuple], what: str, indices) -> list:
         """Each (method, args)'s result, run concurrently (sync methods each in a thread of their own); an
@@ -278,7 +344,7 @@ def to_batch(conversations: list[Conversation], rows: list[dict], num_return_seq
     """The round's RolloutBatch: model tokens in response_mask, environment tokens in env_mask, per-turn
     rewards on their turn's last token. `completions` is each conversation's last assistant message;
     reward functions also get its whole `messages`, its `tool_statuses` and its `turn_rewards` (the
-    environment's, in order) as columns."""
+    environment's, in order) as columns. `pixels`: each conversation's images of every turn, where any has one."""
     pad = tokenizer.pad_token_id
     prompt_ids, prompt_mask = left_pad([c.prompt_ids for c in conversations], pad)
     width = max(max(len(c.ids) for c in conversations), 1)
@@ -298,10 +364,11 @@ def to_batch(conversations: list[Conversation], rows: list[dict], num_return_seq
                    turn_rewards=[[c.rewards[p] for p in sorted(c.rewards)] for c in conversations])
     return RolloutBatch(
         prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids, response_mask=from_model,
-        env_mask=env, truncated=torch.tensor([c.stop in ("budget", "length", "max_turns") for c in conversations]),
+        env_mask=env, truncated=torch.tensor([c.stop in TRUNCATED for c in conversations]),
         rollout_logprobs=logprobs, turn_rewards=turn_rewards,  # zeros without any: batches of a round join alike
         group_ids=torch.arange(len(rows)).repeat_interleave(n), prompts=[c.prompt for c in conversations],
-        completions=[_final_answer(c, tokenizer) for c in conversations], columns=columns)
+        completions=[_final_answer(c, tokenizer) for c in conversations], columns=columns,
+        pixels=[c.pixels for c in conversations] if any(c.pixels is not None for c in conversations) else [])
 
 
 def _final_answer(conversation: Conversation, tokenizer) -> str:

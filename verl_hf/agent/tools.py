@@ -4,7 +4,9 @@ A tool's JSON schema comes from its type hints and docstring through `transforme
 the same schema `tokenizer.apply_chat_template(tools=...)` renders for the model, so a function that lacks
 either is refused at start-up with its name. Calls run concurrently on the event loop the async rewards use
 (sync tools each in a daemon thread), each within `timeout_s`; what a call returns, raises, or how it times
-out becomes the text of the `tool` message the model reads next, and a status that is counted.
+out becomes the text of the `tool` message the model reads next, and a status that is counted. A tool may
+also return images (a PIL image, or a list of strings and PIL images): its message then holds image parts, which a
+vision-language policy sees (verl_hf/vision/).
 
 See it work: tests/test_agent_tools.py.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -46,9 +49,11 @@ STATUSES = ("ok", "error", "timeout", "unknown_tool", "malformed", "over_limit")
 
 @dataclass(frozen=True)
 class ToolResult:
-    """The text of the `tool` message answering one call, and what happened (one of STATUSES)."""
+    """The content of the `tool` message answering one call, and what happened (one of STATUSES). `content`: its
+    text, or for a tool that returned images the message's parts ({"type": "image", "image": <PIL image>} and
+    {"type": "text", "text": ...}, in the order returned)."""
 
-    content: str
+    content: str | list[dict]
     status: str
 
 
@@ -132,4 +137,20 @@ async def answer(call: ToolCall, tools: dict[str, Tool], timeout_s: float | None
         return ToolResult(f"Error: TimeoutError: {exc}", "error")  # the tool's own, as it raised it
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - the model reads what its call did (exit() included)
         return ToolResult(f"Error: {type(exc).__name__}: {exc}", "error")
-    return ToolResult(output if isinstance(output, str) else json.dumps(output, default=str), "ok")
+    return ToolResult(tool_content(output), "ok")
+
+
+def tool_content(output) -> str | list[dict]:
+    """A tool's return value as its message's content: a string as it is; a PIL image, or a list or tuple holding
+    some, as image and text parts in order (other items as JSON text); anything else as JSON text."""
+    items = output if isinstance(output, (list, tuple)) else [output]
+    if not any(is_image(item) for item in items):
+        return output if isinstance(output, str) else json.dumps(output, default=str)
+    return [{"type": "image", "image": item} if is_image(item) else
+            {"type": "text", "text": item if isinstance(item, str) else json.dumps(item, default=str)} for item in items]
+
+
+def is_image(value) -> bool:
+    """True for a PIL image (PIL is imported only by code that made one)."""
+    image_module = sys.modules.get("PIL.Image")
+    return image_module is not None and isinstance(value, image_module.Image)

@@ -2,7 +2,7 @@
 
 `build_tiny_qwen2_vl` gives a `Qwen2VLForConditionalGeneration` (vision tower, patch merger, M-RoPE language
 model; heads 64 wide for vLLM's CPU attention) and its processor: a byte-level BPE with Qwen2-VL's vision
-tokens, a ChatML template that renders image parts as `<|vision_start|><|image_pad|><|vision_end|>`, and the
+tokens, a ChatML template (tools listed by signature) that renders image parts, in any role's message, as `<|vision_start|><|image_pad|><|vision_end|>`, and the
 PIL image processor (14-pixel patches merged 2x2, so a 56x84 image is 6 tokens).
 
 The processor is `ImageOnlyQwen2VLProcessor` (vision/without_torchvision.py): Qwen2-VL's own without its video
@@ -20,7 +20,10 @@ from ..vision.without_torchvision import ImageOnlyQwen2VLProcessor
 from .tiny import build_chat_tokenizer
 
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
-VISION_CHAT_TEMPLATE = (
+VISION_CHAT_TEMPLATE = (  # tools listed by signature as demo/tiny.py's CHAT_TEMPLATE does; image parts in any role
+    "{% if tools %}<|im_start|>system\nTools: {% for t in tools %}{{ t['function']['name'] }}("
+    "{{ t['function']['parameters']['properties'] | list | join(', ') }}){% if not loop.last %} {% endif %}"
+    "{% endfor %}<|im_end|>\n{% endif %}"
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}{{ m['content'] }}"
     "{% else %}{% for p in m['content'] %}{% if p['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
     "{% else %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"

@@ -118,14 +118,15 @@ class Actor(TrainableRole):
             pixels=[p for p in pixels for _ in range(n)] if pixels else [],
         )
 
-    def _pixels(self, rows: list[dict] | None) -> list | None:
-        """The rows' pixel inputs (verl_hf/vision/), or None where no row has an image."""
+    def _pixels(self, rows: list[dict] | None, tools: list[dict] | None = None) -> list | None:
+        """The rows' pixel inputs (verl_hf/vision/; `tools`: the schemas their prompts were rendered with), or None
+        where no row has an image."""
         if self.images is None or not rows or not any(row.get(self.images.column) for row in rows):
             return None
         if not self.engine.accepts_images:
             raise ValueError(f"the prompts have images but the rollout engine {type(self.engine).__name__} does not "
                              f"take them (accepts_images=False); use rollout_engine='hf'.")
-        return self.images.pixels(rows)
+        return self.images.pixels(rows, tools)
 
     def sampling_config(self, max_new_tokens: int, num_return_sequences: int = 1, temperature: float | None = None,
                         top_k: int = 0, top_p: float = 1.0, do_sample: bool = True, seed: int | None = None,
@@ -147,12 +148,13 @@ class Actor(TrainableRole):
         """Multi-turn rollouts (verl_hf/agent/loop.py): `num_return_sequences` conversations per dataset row
         (`prompt` as chat messages, `prompt_ids`), played through `rollout`'s environments. `sampling`: the
         arguments of `sampling_config` (`max_new_tokens` caps each turn). Returns (batch, the rollout's
-        metrics: turns, tool calls, stop reasons)."""
+        metrics: turns, tool calls, stop reasons). A vision-language actor's rows bring their images (`rollout`
+        given the processor too, environments and tools may answer with more)."""
         from ..agent.loop import to_batch
 
         params = self.sampling_config(**sampling)
         engine = self.fresh_engine()
-        conversations = rollout.run(engine, rows, params)
+        conversations = rollout.run(engine, rows, params, self._pixels(rows, rollout.tools_schema))
         batch = to_batch(conversations, rows, params.num_return_sequences, self.tokenizer)
         # no sync runs during a round (partial rollouts are refused with an adapter): every turn had this version
         batch.adapter_versions = _per_row(getattr(engine, "adapter_version", 0) or None, len(batch))

@@ -98,6 +98,10 @@ class RolloutEngine(abc.ABC):
     accepts_images: bool = False
     """True: `generate` takes `pixels=`, the images of vision-language prompts (verl_hf/vision/)."""
 
+    max_images_per_prompt: int | None = None
+    """The most images one prompt may hold (None: no limit the engine knows of); multi-turn samples whose
+    environment answers with more end before."""
+
     pauses_for_weights: bool = False
     """True: a weight sync may run while `generate` calls are in flight, inside `paused_for_weights()`: their
     unfinished sequences continue with the new weights once it ends (partial rollouts), and `generate` returns

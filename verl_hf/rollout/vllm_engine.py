@@ -73,7 +73,8 @@ class VLLMEngine(RolloutEngine):
         # The HF layout first: vLLM's Transformers backend changes the HF classes while it builds its model.
         self._meta = hf_meta_model(copy.deepcopy(config), vision=processor is not None)  # the policy's config as is
         self.accepts_images = processor is not None
-        self._image_token_id, self._max_images = getattr(processor, "image_token_id", None), max_images_per_prompt
+        self._image_token_id = getattr(processor, "image_token_id", None)
+        self.max_images_per_prompt = max_images_per_prompt if processor is not None else None
         if processor is not None:
             write_engine_files(config, processor, type(self._meta).__name__, self._config_dir.name)
         else:
@@ -189,7 +190,7 @@ class VLLMEngine(RolloutEngine):
         seeds = request_seeds(params, len(prompt_ids))
         # each prompt's PIL images (None without): what vLLM takes, and what a tensor-parallel group gathers
         images = [x.images if x is not None else None for x in pixels] if pixels else [None] * len(prompt_ids)
-        check_image_count(images, self._max_images)
+        check_image_count(images, self.max_images_per_prompt)
         requests = [(p, dict(base, seed=s), x) for p, s, x in zip(prompt_ids, seeds, images)]
         own = (0, len(prompt_ids))
         if self._tp_group is not None:  # every rank of a tensor-parallel group runs the same requests

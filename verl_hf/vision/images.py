@@ -37,6 +37,24 @@ def read_image(value, where: str):
                          f"image.") from error
 
 
+def message_images(messages: list[dict], where: str) -> list:
+    """The images in chat messages' image parts ({"type": "image", "image": <PIL image, path or bytes>}, or "path"
+    in place of "image"), in order, as RGB PIL images: what an environment or a tool answers with. `where` names
+    the messages in errors (e.g. "the environment's answer to sample 3")."""
+    images = []
+    for m, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, list) else []:
+            if not isinstance(part, dict) or part.get("type") != "image":
+                continue
+            value = part.get("image", part.get("path"))
+            if value is None:
+                raise ValueError(f"{where}: message {m} has an image part without its image; give "
+                                 f"{{'type': 'image', 'image': <PIL image, file path or bytes>}}.")
+            images.append(read_image(value, f"{where}, message {m}, image {len(images)}"))
+    return images
+
+
 def row_images(row: dict, column: str, where: str) -> list:
     """The row's images from `column` (one image or a list of them) as RGB PIL images; [] when it has none.
     `where` names the row in errors (e.g. "train row 3")."""

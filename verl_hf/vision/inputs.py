@@ -53,6 +53,20 @@ def process_row(processor, text: str, images: list) -> tuple[list[int], RowPixel
     return out["input_ids"][0].tolist(), RowPixels(pixels, len(images), tuple(images))
 
 
+def extend_row(pixels: RowPixels | None, more: RowPixels | None) -> RowPixels | None:
+    """A row's pixel inputs with those of images that come after its own (a later turn's): every tensor
+    concatenated along dim 0, images in order."""
+    if pixels is None or more is None:
+        return more if pixels is None else pixels
+    return RowPixels({k: torch.cat([v, more.tensors[k]]) for k, v in pixels.tensors.items()},
+                     pixels.num_images + more.num_images, pixels.images + more.images)
+
+
+def image_runs(ids: list[int], image_token_id: int) -> int:
+    """How many images' placeholder runs the (expanded) ids hold."""
+    return sum(1 for i, t in enumerate(ids) if t == image_token_id and (i == 0 or ids[i - 1] != image_token_id))
+
+
 def join_rows(rows: list[RowPixels | None], device=None) -> dict[str, torch.Tensor]:
     """The model's pixel keyword arguments for a micro-batch: each tensor of its rows concatenated in row order,
     on `device` (None: where they are); {} when no row has an image."""
@@ -74,6 +88,16 @@ def collapse_placeholders(ids: list[int], image_token_id: int) -> list[int]:
     prompt form engines that expand images themselves take (vLLM's Qwen2-VL family expands each
     `<|vision_start|><|image_pad|><|vision_end|>`, and silently expands already expanded ids again)."""
     return [t for i, t in enumerate(ids) if t != image_token_id or i == 0 or ids[i - 1] != image_token_id]
+
+
+def image_token_of(processor) -> int | None:
+    """The id each image's run of placeholders is made of once expanded (Qwen2-VL: `<|image_pad|>`; Gemma-3: its
+    soft image token, which the tokenizer names)."""
+    for owner in (processor.tokenizer, processor):  # Gemma-3's processor names the start-of-image marker instead
+        token = getattr(owner, "image_token_id", None)
+        if isinstance(token, int):
+            return token
+    return None
 
 
 def cut_at_placeholders(rollout, placeholder_ids: list[int], pad_token_id: int):

@@ -40,26 +40,33 @@ def datasets_with_images(datasets: dict, column: str) -> list[str]:
 
 
 def check_vision_inputs(model, processor, args, with_images: list[str], multi_turn: bool, teacher: bool) -> bool:
-    """True when a dataset has images (`with_images`: their names). Refuses, before any model loads, what would
-    give a model images it cannot see or lose them on the way: image rows without a processor or with a
-    text-only model, and the setups that do not carry images yet. A processor with text rows trains as text."""
+    """True when a dataset has images (`with_images`: their names), or when a multi-turn run (`multi_turn`) has a
+    vision-language processor and policy (its environments and tools may answer with images). Refuses, before
+    any model loads, what would give a model images it cannot see or lose them on the way: image rows without a
+    processor or with a text-only model, and the setups that do not carry images yet. A processor with
+    single-turn text rows trains as text."""
     column = args.image_column
-    if not with_images:
+    if not with_images and not (multi_turn and processor is not None):
         return False
     if processor is None:
         raise ValueError(f"the {with_images[0]} dataset has images (column {column!r}) but processing_class is a "
                          f"tokenizer: pass the model's processor, processing_class=AutoProcessor.from_pretrained"
                          f"(...), or drop the column (a text model cannot see images).")
     config = policy_config(model)
-    if config is not None and not has_vision(config):
+    if not with_images:
+        if config is not None and not has_vision(config):
+            return False  # a text model: an environment's image is refused when it comes (agent/loop.py)
+        source = "multi-turn rollouts with a vision-language processor (environments and tools may answer with images)"
+    elif config is not None and not has_vision(config):
         raise ValueError(f"the {with_images[0]} dataset has images but the policy ({type(config).__name__}) is a "
                          f"text-only model with no vision encoder: pass a vision-language model (e.g. Qwen2-VL, "
                          f"Qwen2.5-VL), or drop the column {column!r}.")
+    else:
+        source = f"the {with_images[0]} dataset has images (column {column!r})"
     not_yet = [
         (args.rollout_engine in ("vllm", "vllm_server") and not vllm_takes_images(config),
          f"rollout_engine={args.rollout_engine!r} with a {getattr(config, 'model_type', None)} model (vLLM takes "
          f"image prompts here for the Qwen2-VL family)", "set rollout_engine='hf'"),
-        (multi_turn, "multi-turn rollouts (tools= / environment=)", "train on single-turn prompts"),
         (teacher or bool(args.teacher_model_path), "a distillation teacher", "train without teacher="),
         (args.gkd_lambda < 1.0, f"gkd_lambda={args.gkd_lambda} (the dataset's answers)", "set gkd_lambda=1.0"),
         (advantage_needs_values(args), f"adv_estimator={args.adv_estimator!r} or Safe-RLHF costs (a critic, which "
@@ -72,8 +79,7 @@ def check_vision_inputs(model, processor, args, with_images: list[str], multi_tu
     ]
     for applies, what, fix in not_yet:
         if applies:
-            raise ValueError(f"the {with_images[0]} dataset has images (column {column!r}), which {what} does not "
-                             f"carry yet: {fix}.")
+            raise ValueError(f"{source}, which {what} does not carry yet: {fix}.")
     return True
 
 
