@@ -96,14 +96,20 @@ def _conversation_fields(batch, i: int) -> dict:
         return {}
     from verl_hf.sample_and_score import with_turn_rewards
 
-    return {"conversation": json.dumps(batch.columns["messages"][i]),
+    return {"conversation": _json(batch.columns["messages"][i]),
             "tool_statuses": list(batch.columns["tool_statuses"][i]),
             "turn_rewards": list(batch.columns["turn_rewards"][i]),
             "reward": float(with_turn_rewards(batch.rewards, batch)[i])}
 
 
 def _text(prompt) -> str:
-    return prompt if isinstance(prompt, str) else json.dumps(prompt)
+    return prompt if isinstance(prompt, str) else _json(prompt)
+
+
+def _json(messages) -> str:
+    """Chat messages as JSON; the images in them (an environment's or a tool's) as "<image WxH>"."""
+    return json.dumps(messages, default=lambda value: f"<image {value.width}x{value.height}>"
+                      if hasattr(value, "width") and hasattr(value, "height") else str(value))
 
 
 def _to_trackers(trainer, args, rows: list[dict], step: int) -> None:

@@ -112,7 +112,7 @@ def test_auto_serves_the_adapter_where_it_can(tmp_path, caplog):
     assert lora_serving(small_config(tmp_path, rollout_engine="vllm", vllm_lora="merge"), _lora()) is None
     assert lora_serving(small_config(tmp_path, rollout_engine="vllm"), None) is None
     # image prompts: the adapter is merged (not measured with vLLM's kernels on a vision-language model)
-    with pytest.raises(ValueError, match="vllm_lora='adapter' cannot serve .*the prompts have images"):
+    with pytest.raises(ValueError, match="vllm_lora='adapter' cannot serve .*the run shows the model images"):
         lora_serving(small_config(tmp_path, rollout_engine="vllm", vllm_lora="adapter"), _lora(), vision=True)
     assert lora_serving(small_config(tmp_path, rollout_engine="vllm"), _lora(), vision=True) is None
 

@@ -78,8 +78,33 @@ def test_an_environment_opens_and_answers_with_pictures(vlm):
     assert (actor.get_logprobs(batch) - batch.rollout_logprobs)[model_tokens].abs().max() < 1e-4
 
 
+def test_gemma3_conversations_with_pictures(vlm):
+    """A tiny Gemma-3 (each image 4 soft tokens between its markers, attended both ways) through PictureGame:
+    the answer's picture expanded in the conversation, both pictures in its pixels, log-probs equal the trainer's."""
+    from verl_hf.agent import MultiTurnRollout
+    from verl_hf.demo.tiny_vision import build_gemma3_processor, build_tiny_gemma3
+    from verl_hf.roles import Actor
+
+    processor = build_gemma3_processor([PROMPT_WORDS], vocab_size=300)
+    model = build_tiny_gemma3(processor)
+    ending_turns(model, processor.tokenizer.eos_token_id)
+    actor = Actor(model, processor, logits_chunk_size=0)
+    rollout = MultiTurnRollout(PictureGame, processor, None, max_turns=2, max_tokens=96, env_timeout_s=30)
+    rows = [{"prompt": [{"role": "user", "content": "unused"}], "prompt_ids": [0]}] * 6
+    batch, metrics = actor.generate_conversations(rollout, rows, max_new_tokens=6, seed=0)
+    soft = processor.tokenizer.image_token_id
+    continued = [r for r in range(len(batch)) if batch.env_mask[r].any()]
+    assert continued, metrics
+    for r in range(len(batch)):
+        answered = r in continued
+        assert batch.pixels[r].num_images == 1 + answered and int((batch.prompt_ids[r] == soft).sum()) == 4
+        assert int((batch.response_ids[r] == soft).sum()) == 4 * answered
+    model_tokens = batch.response_mask.bool()
+    assert (actor.get_logprobs(batch) - batch.rollout_logprobs)[model_tokens].abs().max() < 1e-4
+
+
 def test_the_engines_image_limit_ends_a_sample_and_sampled_placeholders_cut_a_turn(vlm):
-    """An engine that takes at most two images per prompt: a conversation ends ("budget") before a reply would
+    """An engine that takes at most two images per prompt: a conversation ends ("max_images") before a reply would
     bring a third. A turn that samples an image placeholder ends before it ("image_token"): no model token is one,
     and the forward over the conversations still equals the sampling log-probs."""
     from verl_hf.roles import Actor
@@ -88,7 +113,7 @@ def test_the_engines_image_limit_ends_a_sample_and_sampled_placeholders_cut_a_tu
     actor = Actor(model, processor, logits_chunk_size=0)
     actor.engine.max_images_per_prompt = 2
     figures = multi_turn(actor)
-    assert max(figures["num_images"]) <= 2 and figures["metrics"]["stop/budget"] > 0, figures
+    assert max(figures["num_images"]) <= 2 and figures["metrics"]["stop/max_images"] > 0, figures
     assert figures["logprob_gap"] < 1e-4
     weights = model.get_output_embeddings().weight
     kept = weights[processor.image_token_id].detach().clone()
@@ -142,18 +167,71 @@ def test_what_cannot_show_a_picture_is_said_naming_the_sample(vlm, tmp_path):
     (tmp_path / "broken.png").write_bytes(b"not a picture")
     with pytest.raises(ValueError, match=r"cannot read the image"):
         play(actor, answering([{"type": "image", "path": str(tmp_path / "broken.png")}]), processor)
-    template, processor.tokenizer.chat_template = processor.tokenizer.chat_template, CHAT_TEMPLATE
+    with pytest.raises(ValueError, match=r"message 0 has a 'image_url' part, which is not read here \(URLs are not "
+                                         r"fetched"):
+        play(actor, answering([{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]), processor)
+    with pytest.raises(ValueError, match=r"its ids hold 1 image placeholder\(s\) \(and 0 other image or video "
+                                         r"marker\(s\)\) for 0 image\(s\)"):  # a placeholder written as text
+        play(actor, answering("Here: <|image_pad|>"), processor)
+    template = processor.tokenizer.chat_template
     try:  # CHAT_TEMPLATE renders a message's content as it is: no placeholder for its picture
-        with pytest.raises(ValueError, match=r"the chat template rendered 0 image placeholder\(s\) for 1 image\(s\)"):
+        processor.tokenizer.chat_template = CHAT_TEMPLATE
+        with pytest.raises(ValueError, match=r"its ids hold 0 image placeholder\(s\) .*for 1 image\(s\)"):
             play(actor, answering([{"type": "image", "image": Image.new("RGB", (28, 28))}]), processor)
     finally:
-        processor.tokenizer.chat_template = template
+        processor.tokenizer.chat_template = processor.chat_template = template
+
+
+def test_an_opening_with_pictures_is_checked_against_its_limits(vlm):
+    """reset() messages with more images than the engine takes, or more tokens than max_prompt_length: refused
+    naming the sample; a text run refuses parts in reset()'s content."""
+    from verl_hf.agent import MultiTurnRollout
+    from verl_hf.roles import Actor
+
+    model, processor = vlm
+    actor = Actor(model, processor, logits_chunk_size=0)
+    rows = [{"prompt": [{"role": "user", "content": "unused"}], "prompt_ids": [0]}]
+    actor.engine.max_images_per_prompt = 0
+    try:
+        with pytest.raises(ValueError, match=r"environment.reset's messages for sample 0 hold 1 images; the rollout "
+                                             r"engine takes at most 0 per prompt"):
+            actor.generate_conversations(MultiTurnRollout(PictureGame, processor, None, 2, 96, 30), rows,
+                                         max_new_tokens=4)
+    finally:
+        actor.engine.max_images_per_prompt = None
+    short = MultiTurnRollout(PictureGame, processor, None, 2, 96, 30, max_prompt_tokens=8)
+    with pytest.raises(ValueError, match=r"environment.reset opened sample 0 with \d+ tokens, more than "
+                                         r"max_prompt_length=8"):
+        actor.generate_conversations(short, rows, max_new_tokens=4)
+    text = MultiTurnRollout(PictureGame, processor.tokenizer, None, 2, 96, 30)
+    with pytest.raises(TypeError, match=r"a non-empty list of \{'role', 'content'\} messages \(content: text\)"):
+        Actor(model, processor.tokenizer).generate_conversations(text, rows, max_new_tokens=4)
+
+
+def test_the_front_door_says_what_a_vision_run_with_tools_cannot_do(vlm, tmp_path):
+    """VerlTrainer with tools and the processor is a vision run even on text rows: what cannot carry images is
+    refused naming the way back to a text run; text prompts are refused with the fix, before any model loads."""
+    from datasets import Dataset
+
+    from verl_hf import VerlTrainer
+
+    model, processor = vlm
+    chat = Dataset.from_list([{"prompt": [{"role": "user", "content": "Look."}]}] * 2)
+    with pytest.raises(ValueError, match=r"multi-turn rollouts with a vision-language processor .*adv_estimator='gae'"
+                                         r".* \(or pass processing_class=processor.tokenizer for a text run"):
+        VerlTrainer(model=model, args=small_config(tmp_path, adv_estimator="gae", tool_call_parser=every_turn_looks),
+                    processing_class=processor, train_dataset=chat, tools=[look])
+    text = Dataset.from_list([{"prompt": "Look.", "images": [picture(28, 28, 0)]}] * 2)
+    with pytest.raises(ValueError, match=r"train row 0: multi-turn rollouts .* need chat prompts"):
+        VerlTrainer(model=model, args=small_config(tmp_path, tool_call_parser=every_turn_looks),
+                    processing_class=processor, train_dataset=text, tools=[look])
 
 
 def pictures_seen(completions, messages, **kwargs) -> list[float]:
     """The pictures the tool showed (reward functions get each conversation's messages, images in them)."""
     return [float(sum(isinstance(part, dict) and isinstance(part.get("image"), Image.Image)
-                      for m in conversation if m["role"] == "tool" for part in m["content"])) for conversation in messages]
+                      for m in conversation if m["role"] == "tool" for part in m["content"]))
+            for conversation in messages]
 
 
 def test_grpo_with_a_tool_that_returns_pictures_trains(vlm, tmp_path):
@@ -162,6 +240,7 @@ def test_grpo_with_a_tool_that_returns_pictures_trains(vlm, tmp_path):
     reward functions see the tool's pictures in the conversations' messages. (It trains the module's model: last.)"""
     from datasets import Dataset
 
+    from verl_hf.callbacks import CompletionSamplesCallback
     from verl_hf import VerlTrainer
 
     model, processor = vlm
@@ -173,8 +252,10 @@ def test_grpo_with_a_tool_that_returns_pictures_trains(vlm, tmp_path):
                         max_response_length=96, max_turn_length=6, max_turns=3, tool_call_parser=every_turn_looks,
                         reward_funcs=[pictures_seen], reward_weights=[1.0], learning_rate=1e-3)
     trainer = VerlTrainer(model=model, args=args, processing_class=processor, train_dataset=Dataset.from_list(rows),
-                          tools=[look])
+                          tools=[look], callbacks=[CompletionSamplesCallback(num_samples=12)])
     trainer.train()
+    written = (tmp_path / "out" / "completions" / "samples.jsonl").read_text()
+    assert "\"<image 56x" in written  # the tool's pictures, named in the conversations
     logs = [h for h in trainer.state.log_history if "turns/mean" in h]
     assert len(logs) == 2 and logs[0]["turns/mean"] > 1.5 and logs[0]["reward/mean"] > 0, logs
     assert all(torch.isfinite(torch.tensor(h["loss"])) for h in trainer.state.log_history if "loss" in h)

@@ -1,7 +1,8 @@
-"""Vision-language rollouts with HF generate on tiny random-weight Qwen2-VL, Qwen2.5-VL and Gemma-3 built locally:
-the Actor takes the model's processor, the rows' images go into the prompts and to the engine, each sample keeps
-its prompt's pixels, and the trainer's forward scores the samples as the engine sampled them (1e-4, fp32), in
-micro-batches of any size; bad image inputs are refused naming the row."""
+"""Vision-language rollouts with HF generate on tiny random-weight Qwen2-VL, Qwen2.5-VL, Gemma-3 and Qwen3-VL-MoE
+built locally: the Actor takes the model's processor, the rows' images go into the prompts and to the engine, each
+sample keeps its prompt's pixels, and the trainer's forward scores the samples as the engine sampled them (1e-4,
+fp32), in micro-batches of any size (the MoE with routing replay and chunked log-probs); bad image inputs are
+refused naming the row."""
 
 from __future__ import annotations
 
@@ -10,19 +11,24 @@ import torch
 from vision_engine_checks import PROMPT_WORDS, budget_gradients, image_row, image_rows, picture
 
 
-@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "gemma3"])
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "gemma3", "qwen3_vl_moe"])
 def actor(request):
     """A tiny Qwen2-VL (images of any size, 3-D rotary positions), Qwen2.5-VL (the same, windowed attention in its
-    tower) or Gemma-3 (every image resized to one square, its tokens attending to each other both ways) and its
-    processor."""
-    from verl_hf.demo.tiny_vision import (build_gemma3_processor, build_tiny_gemma3, build_tiny_qwen2_5_vl,
-                                          build_tiny_qwen2_vl, build_vision_processor)
+    tower), Gemma-3 (every image resized to one square, its tokens attending to each other both ways) or
+    Qwen3-VL-MoE (16-pixel patches, DeepStack, a mixture of experts in every layer: here with routing replay and
+    chunked log-probs, the others on the full logits) and its processor."""
+    from verl_hf.demo.tiny_vision import (build_gemma3_processor, build_qwen3_vl_processor, build_tiny_gemma3,
+                                          build_tiny_qwen2_5_vl, build_tiny_qwen2_vl, build_tiny_qwen3_vl_moe,
+                                          build_vision_processor)
     from verl_hf.roles import Actor
 
     words = [PROMPT_WORDS]
     if request.param == "gemma3":
         processor = build_gemma3_processor(words, vocab_size=300)
         return Actor(build_tiny_gemma3(processor), processor, logits_chunk_size=0)
+    if request.param == "qwen3_vl_moe":
+        processor = build_qwen3_vl_processor(words, vocab_size=300)
+        return Actor(build_tiny_qwen3_vl_moe(processor), processor, logits_chunk_size=5, routing_replay=True)
     processor = build_vision_processor(words, vocab_size=300)
     build = build_tiny_qwen2_5_vl if request.param == "qwen2_5_vl" else build_tiny_qwen2_vl
     return Actor(build(processor), processor, logits_chunk_size=0)
@@ -41,6 +47,10 @@ def test_engine_logprobs_equal_the_trainers_forward_with_one_and_two_images(acto
         scored = actor.get_logprobs(batch, micro_batch_size=micro_batch_size)
         gap = (scored - batch.rollout_logprobs)[mask].abs().max()
         assert gap < 1e-4, (micro_batch_size, gap)
+    if actor.routing is not None:  # every prompt token routed, image tokens included; the forwards replayed them
+        image_tokens = batch.prompt_ids == actor.images.processor.image_token_id
+        assert image_tokens.sum() > 20 and (batch.prompt_routes[image_tokens] >= 0).all()
+        assert actor.routing_metrics()["moe/replay_agreement"] == 1.0
     # The first and the third prompts' pixels swapped (each still fits the other's placeholders): other scores.
     swapped = batch.select(list(range(8)))
     swapped.pixels = batch.pixels[4:6] + batch.pixels[2:4] + batch.pixels[0:2] + batch.pixels[6:]

@@ -123,3 +123,21 @@ def test_lora_leaves_the_frozen_tower_and_a_processor_with_text_rows_trains_as_t
                                                        reward_weights=[1.0]),
                         processing_class=processor, train_dataset=text)
     assert plain.actor.images is None
+
+
+def test_grpo_on_an_moe_vlm_replays_the_samplers_routes(tmp_path):
+    """A tiny Qwen3-VL-MoE with routing_replay: two GRPO steps on image rows whose every training forward routes
+    each token (image tokens included) through the experts HF generate chose; the live routers agree."""
+    from verl_hf import VerlTrainer
+    from verl_hf.demo.tiny_vision import build_qwen3_vl_processor, build_tiny_qwen3_vl_moe
+
+    processor = build_qwen3_vl_processor(["Color? red green blue. The picture is red, green or blue."],
+                                         vocab_size=300)
+    args = small_config(tmp_path, per_device_train_batch_size=8, num_generations=4, max_steps=2, max_prompt_length=64,
+                        max_response_length=6, reward_funcs=[says_the_color], reward_weights=[1.0],
+                        routing_replay=True, learning_rate=1e-3)
+    trainer = VerlTrainer(model=build_tiny_qwen3_vl_moe(processor), args=args, processing_class=processor,
+                          train_dataset=_dataset(4))
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "moe/replay_agreement" in h]
+    assert len(logs) == 2 and all(h["moe/replay_agreement"] > 0.99 for h in logs), logs

@@ -45,15 +45,16 @@ def lora_serving(args: VerlConfig, lora, vision: bool = False) -> dict | None:
     """The adapter config vLLM serves a LoRA policy with (`lora`: its PEFT config; sync/adapter.py), or None
     when the sync merges it: vllm_lora='merge', no LoRA, an engine without adapters, or 'auto' where the adapter
     cannot be served (said once, with why). vllm_lora='adapter' where it cannot be is refused, before any model
-    loads. `vision`: the prompts have images (vLLM's LoRA kernels on a vision-language model are not measured)."""
+    loads. `vision`: a vision run (vLLM's LoRA kernels on a vision-language model are not measured)."""
     from .sync.adapter import adapter_refusal, vllm_adapter_config
 
     if lora is None or args.rollout_engine not in ("vllm", "vllm_server") or args.vllm_lora == "merge":
         return None
     why = adapter_refusal(lora) or (_server_without_adapters(args, lora) if args.rollout_engine == "vllm_server" else "")
     if not why and vision:
-        why = ("the prompts have images: vLLM's LoRA kernels on a vision-language model (adapter names inside its "
-               "language model) are not measured here")
+        why = ("the run shows the model images (image prompts, or a vision-language processor with tools or an "
+               "environment): vLLM's LoRA kernels on a vision-language model (adapter names inside its language "
+               "model) are not measured here")
     if not why and args.vllm_sleep_level:
         why = (f"vllm_sleep_level={args.vllm_sleep_level}: whether vLLM's sleep mode keeps the base weights and the "
                f"loaded adapter is not measured (level 2 drops the weights, which the adapter's syncs never push again)")

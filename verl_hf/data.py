@@ -61,9 +61,7 @@ def tokenize_prompt(tokenizer, prompt, tools: list[dict] | None = None, chat_onl
     `tools`). `chat_only` (multi-turn rollouts): text is refused."""
     if isinstance(prompt, str):
         if chat_only:
-            raise ValueError("multi-turn rollouts (tools= / environment=) need chat prompts, a list of "
-                             "{'role', 'content'} messages, to continue the conversation with the chat template; "
-                             f"got text {prompt[:60]!r}. Map it to [{{'role': 'user', 'content': text}}].")
+            refuse_text_prompt(prompt)
         return tokenizer(prompt).input_ids
     if isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt):
         for i, message in enumerate(prompt):
@@ -83,13 +81,22 @@ def tokenize_prompt(tokenizer, prompt, tools: list[dict] | None = None, chat_onl
     )
 
 
+def refuse_text_prompt(prompt: str):
+    raise ValueError("multi-turn rollouts (tools= / environment=) need chat prompts, a list of "
+                     "{'role', 'content'} messages, to continue the conversation with the chat template; "
+                     f"got text {prompt[:60]!r}. Map it to [{{'role': 'user', 'content': text}}].")
+
+
 def _tokenized_row(tokenizer, row: dict, index: int, split: str, images=None, **kwargs) -> list[int]:
-    if images is not None:  # a vision-language policy's processor expands each image's placeholder
-        return images.prompt_ids(row, f"{split} row {index}", kwargs.get("tools"))
     try:
-        return tokenize_prompt(tokenizer, row["prompt"], **kwargs)
+        if images is None:
+            return tokenize_prompt(tokenizer, row["prompt"], **kwargs)
+        if kwargs.get("chat_only") and isinstance(row["prompt"], str):
+            refuse_text_prompt(row["prompt"])
     except ValueError as e:
         raise ValueError(f"{split} row {index}: {e}") from None
+    # a vision-language policy's processor expands each image's placeholder (its errors name the row)
+    return images.prompt_ids(row, f"{split} row {index}", kwargs.get("tools"))
 
 
 MULTI_TURN_COLUMNS = {"messages": "the whole conversation", "tool_statuses": "each tool call's outcome",

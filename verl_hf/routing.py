@@ -31,9 +31,10 @@ import re
 import torch
 
 # Routers that choose top-k of softmax(logits) and weight the chosen experts by those probabilities,
-# renormalised when the router's `norm_topk_prob` is set (Mixtral always renormalises). `GptOssTopKRouter`
-# takes the top-k logits and softmaxes over them.
-SOFTMAX_ROUTERS = ("MixtralTopKRouter", "Qwen2MoeTopKRouter", "Qwen3MoeTopKRouter", "OlmoeTopKRouter")
+# renormalised when the router's `norm_topk_prob` is set (Mixtral's and Qwen3-VL-MoE's, which have none, always
+# renormalise). `GptOssTopKRouter` takes the top-k logits and softmaxes over them.
+SOFTMAX_ROUTERS = ("MixtralTopKRouter", "Qwen2MoeTopKRouter", "Qwen3MoeTopKRouter", "OlmoeTopKRouter",
+                   "Qwen3VLMoeTextTopKRouter")
 CHOSEN_SOFTMAX_ROUTERS = ("GptOssTopKRouter",)
 NO_ROUTE = -1
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")

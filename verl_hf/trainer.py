@@ -101,8 +101,6 @@ class VerlTrainer(Trainer):
         processor = load_processor(processing_class, model, bool(with_images))  # vision-language, or None
         setup.refuse_settings_without_effect(args, tools, environment, teacher, lora, vision=processor is not None)
         multi_turn = setup.is_multi_turn(args, tools, environment)
-        # vLLM serves the adapter itself, or None: merged weights
-        adapter = lora_serving(args, lora, vision=bool(with_images or multi_turn) and processor is not None)
         self.reward_funcs, self.reward_weights = setup.resolve_rewards(args, reward_funcs, reward_model, environment,
                                                                        teacher)
         tokenizer = setup.load_tokenizer(processor.tokenizer if processor else processing_class, model, args)
@@ -111,6 +109,7 @@ class VerlTrainer(Trainer):
         given_teacher = teacher is not None
         teacher = check_teacher(teacher, args, tokenizer, model)  # the ids it shares with the student
         vision = check_vision_inputs(model, processor, args, with_images, multi_turn, given_teacher)
+        adapter = lora_serving(args, lora, vision)  # vLLM serves the adapter itself, or None: merged weights
         # None: one turn per sample
         self.multi_turn = setup.make_multi_turn(args, tools, environment, tokenizer, processor if vision else None)
         images = ImagePrompts(processor, args.image_column) if vision else None

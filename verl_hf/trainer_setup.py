@@ -178,8 +178,9 @@ def make_multi_turn(args: VerlConfig, tools, environment, tokenizer, processor=N
     check_extendable(tokenizer, schemas)
     make_env = environment_factory(environment, tool_map, args.tool_call_parser, args.max_tool_calls,
                                    args.tool_timeout_s)
-    return MultiTurnRollout(make_env, processor or tokenizer, schemas, args.max_turns, args.max_response_length, args.env_timeout_s,
-                            turn_length=args.max_turn_length, max_prompt_tokens=args.max_prompt_length)
+    return MultiTurnRollout(make_env, processor or tokenizer, schemas, args.max_turns, args.max_response_length,
+                            args.env_timeout_s, turn_length=args.max_turn_length,
+                            max_prompt_tokens=args.max_prompt_length)
 
 
 def make_safety(placement, policy, args: VerlConfig):

@@ -16,7 +16,7 @@ Images (a vision-language policy, MultiTurnRollout given its processor): a conve
 their placeholders appear in its ids; each answer's placeholders are expanded to its images' tokens as the
 processor expands them, every turn goes to the engine with all the conversation's images so far, and a turn that
 samples an image placeholder is cut before it (stop "image_token"). A reply that would bring a sample past
-the engine's `max_images_per_prompt` ends it ("budget").
+the engine's `max_images_per_prompt` ends it ("max_images"). vision/answers.py makes an answer's ids and pixels.
 
 `to_batch` makes the round's RolloutBatch: `response_mask` is 1 on the model's tokens only, `env_mask` 1 on
 the environment's (attended, never trained on), sampling log-probs exist for the model's tokens, and an
@@ -39,17 +39,17 @@ from ..batch import RolloutBatch, row_columns
 from ..data import tokenize_prompt
 from ..rewards.calling import RewardTimeout, run_coroutines
 from ..rollout.base import SamplingConfig, left_pad
+from ..vision.answers import AnswerImages
 from ..vision.images import message_images
-from ..vision.inputs import extend_row, image_runs, image_token_of, process_row
-from ..vision.prompts import ImagePrompts
-from ..vision.setup import is_processor
+from ..vision.inputs import extend_row
+from ..vision.setup import is_processor, share_chat_template
 from .chat import ChatTemplateError, continuation_text, with_calls
 from .environment import Step
 from .tools import call_anyhow
 
 logger = logging.getLogger(__name__)
-STOP_REASONS = ("done", "max_turns", "budget", "length", "other_stop", "template", "image_token")
-TRUNCATED = ("budget", "length", "max_turns", "image_token")  # the stops that cut a sample short
+STOP_REASONS = ("done", "max_turns", "budget", "length", "other_stop", "template", "image_token", "max_images")
+TRUNCATED = ("budget", "length", "max_turns", "image_token", "max_images")  # the stops that cut a sample short
 
 
 @dataclass
@@ -84,11 +84,13 @@ class MultiTurnRollout:
         """`tokenizer`: the policy's tokenizer, or a vision-language policy's processor (`AutoProcessor`): then
         environments and tools may answer with images. `turn_length`: the most tokens one turn may sample (None:
         the caller's max_new_tokens)."""
-        self.processor = tokenizer if is_processor(tokenizer) else None
-        tokenizer = self.processor.tokenizer if self.processor is not None else tokenizer
+        processor = tokenizer if is_processor(tokenizer) else None
+        if processor is not None:  # answers render with the template the dataset's image prompts were rendered with
+            tokenizer = processor.tokenizer
+            share_chat_template(processor, tokenizer)
+        self.images = AnswerImages(processor) if processor is not None else None
+        self.placeholder_ids = self.images.placeholder_ids if processor is not None else set()
         self.make_env, self.tokenizer, self.tools_schema = make_env, tokenizer, tools_schema
-        self.image_token_id = image_token_of(self.processor) if self.processor is not None else None
-        self.placeholder_ids = set(ImagePrompts(self.processor).placeholder_ids) if self.processor is not None else set()
         self.max_turns, self.max_tokens, self.env_timeout_s = max_turns, max_tokens, env_timeout_s
         self.turn_length, self.max_prompt_tokens = turn_length, max_prompt_tokens
         self.said_in_step = False  # the log line that says an engine plays turns in step, once
@@ -103,9 +105,8 @@ class MultiTurnRollout:
         then every sample's environment at once."""
         n = params.num_return_sequences
         conversations = self.start([row for row in rows for _ in range(n)],
-                                   [p for p in pixels or [None] * len(rows) for _ in range(n)])
-        for c in conversations:
-            c.max_images = getattr(engine, "max_images_per_prompt", None)
+                                   [p for p in pixels or [None] * len(rows) for _ in range(n)],
+                                   getattr(engine, "max_images_per_prompt", None))
         seeds = None if params.row_seeds is None else [(s, k) for s in params.row_seeds for k in range(n)]
         if getattr(engine, "serves_requests_concurrently", False):
             return self.play_independently(engine, conversations, params, seeds)
@@ -170,13 +171,16 @@ class MultiTurnRollout:
                 if isinstance(exc, TimeoutError) and limit.expired():  # ours, not a TimeoutError it raised itself
                     exc = RewardTimeout(f"'environment.step' did not return within env_timeout_s={self.env_timeout_s}.")
                 raise environment_failed("step", c.index, exc) from exc
+            # On the loop's thread, one answer at a time: a fast tokenizer used from several threads at once can fail
+            # ("Already borrowed"). An answer's images are processed here too, a few ms each.
             self._answer(c, message, step, last=turn + 1 == self.max_turns)
             if c.stop is not None:
                 return
 
-    def start(self, rows: list[dict], pixels: list) -> list[Conversation]:
+    def start(self, rows: list[dict], pixels: list, max_images: int | None = None) -> list[Conversation]:
         """A conversation per row: the messages its environment's reset() opens it with, or else the row's
-        chat prompt (and its ids, tokenized with the dataset, and `pixels`, its images')."""
+        chat prompt (and its ids, tokenized with the dataset, and `pixels`, its images'). `max_images`: the most
+        images the engine takes in one prompt."""
         envs = [self.make_env() for _ in rows]
         firsts = self._all([(env.reset, (row,)) for env, row in zip(envs, rows)], "reset", range(len(rows)))
         conversations = []
@@ -187,23 +191,29 @@ class MultiTurnRollout:
                                      f"per row); got {type(row.get('prompt')).__name__}.")
                 prompt, ids = list(row["prompt"]), list(row["prompt_ids"])
             else:
-                prompt, ids, row_pixels = self._opening(first, index)
-            conversations.append(Conversation(ids, list(prompt), env, prompt=prompt, index=index, pixels=row_pixels))
+                prompt, ids, row_pixels = self._opening(first, index, max_images)
+            conversations.append(Conversation(ids, list(prompt), env, prompt=prompt, index=index, pixels=row_pixels,
+                                              max_images=max_images))
         return conversations
 
-    def _opening(self, messages, index: int) -> tuple[list[dict], list[int], object]:
-        """reset()'s messages, checked (chat messages that fit in `max_prompt_tokens` once templated), their
-        ids and the pixel inputs of their images (None without)."""
+    def _opening(self, messages, index: int, max_images: int | None) -> tuple[list[dict], list[int], object]:
+        """reset()'s messages, checked (chat messages that fit in `max_prompt_tokens` once templated, with at most
+        `max_images` images), their ids and the pixel inputs of their images (None without)."""
+        content = (str, list) if self.images is not None else str  # parts: a vision-language policy's images
         if not isinstance(messages, list) or not messages or not all(
-                isinstance(m, dict) and "role" in m and isinstance(m.get("content"), (str, list)) for m in messages):
+                isinstance(m, dict) and "role" in m and isinstance(m.get("content"), content) for m in messages):
             raise TypeError(f"environment.reset returned {str(messages)[:80]!r} for sample {index}: return None (the "
                             f"row's prompt opens the conversation) or a non-empty list of {{'role', 'content'}} "
-                            f"messages.")
-        images = self._images_of(messages, f"environment.reset's messages for sample {index}")
-        if images:
+                            f"messages{' (content: text)' if self.images is None else ''}.")
+        where = f"environment.reset's messages for sample {index}"
+        images = self._images_of(messages, where)
+        if max_images is not None and len(images) > max_images:
+            raise ValueError(f"{where} hold {len(images)} images; the rollout engine takes at most {max_images} per "
+                             f"prompt: open with fewer (or raise the engine's max_images_per_prompt).")
+        if self.images is not None:
             text = self.tokenizer.apply_chat_template(messages, tools=self.tools_schema or None, tokenize=False,
                                                       add_generation_prompt=True)
-            ids, pixels = self._expanded(text, images, f"environment.reset's messages for sample {index}")
+            ids, pixels = self.images.ids(text, images, where)
         else:
             ids, pixels = tokenize_prompt(self.tokenizer, messages, self.tools_schema), None
         if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
@@ -215,21 +225,11 @@ class MultiTurnRollout:
     def _images_of(self, messages: list[dict], where: str) -> list:
         """The images in the messages' image parts (read as RGB PIL images); refused without a processor."""
         images = message_images(messages, where)
-        if images and self.processor is None:
+        if images and self.images is None:
             raise ValueError(f"{where} has {len(images)} image(s), but this rollout has no vision-language processor "
                              f"to show them to the model: pass the model's processor (processing_class="
                              f"AutoProcessor.from_pretrained(...)) with a vision-language policy, or answer in text.")
         return images
-
-    def _expanded(self, text: str, images: list, where: str) -> tuple[list[int], object]:
-        """The ids of `text` (rendered messages) with each image's placeholder expanded, and its pixel inputs;
-        refused where the chat template did not render a placeholder for every image."""
-        ids, pixels = process_row(self.processor, text, images)
-        if image_runs(ids, self.image_token_id) != len(images):
-            raise ValueError(f"{where}: the chat template rendered {image_runs(ids, self.image_token_id)} image "
-                             f"placeholder(s) for {len(images)} image(s); use a template that renders the image parts "
-                             f"of every role's messages (Qwen2-VL's does).")
-        return ids, pixels
 
     def sample_turn(self, engine, active: list[Conversation], params: SamplingConfig, seeds) -> None:
         """One turn of the model for every conversation in `active`, appended as sampled."""
@@ -291,16 +291,18 @@ class MultiTurnRollout:
         images = self._images_of(step.messages, where)
         held = c.pixels.num_images if c.pixels is not None else 0
         if images and c.max_images is not None and held + len(images) > c.max_images:
-            c.stop = "budget"  # the engine takes no more images in one prompt
+            c.stop = "max_images"  # the engine takes no more images in one prompt
             return
         try:
             text = continuation_text(self.tokenizer, before, c.last_turn, step.messages, self.tools_schema,
                                      step.tool_calls)
         except ChatTemplateError as exc:  # this turn's text: the template's check at start-up passed
+            if images:  # a template that cannot render image parts would end every sample shown a picture
+                raise ValueError(f"{where}: the chat template cannot render its image parts ({exc}).") from exc
             logger.warning("multi-turn: a sample ends early, its continuation failed: %s", exc)
             c.stop = "template"
             return
-        suffix, pixels = self._expanded(text, images, where) if images else \
+        suffix, pixels = self.images.ids(text, images, where) if self.images is not None else \
             (self.tokenizer(text, add_special_tokens=False).input_ids, None)
         if len(c.ids) + len(suffix) >= self.max_tokens:  # no room left for another turn
             c.stop = "budget"

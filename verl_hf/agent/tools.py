@@ -147,7 +147,8 @@ def tool_content(output) -> str | list[dict]:
     if not any(is_image(item) for item in items):
         return output if isinstance(output, str) else json.dumps(output, default=str)
     return [{"type": "image", "image": item} if is_image(item) else
-            {"type": "text", "text": item if isinstance(item, str) else json.dumps(item, default=str)} for item in items]
+            {"type": "text", "text": item if isinstance(item, str) else json.dumps(item, default=str)}
+            for item in items]
 
 
 def is_image(value) -> bool:

@@ -2,8 +2,9 @@
 
 `build_tiny_qwen2_vl` gives a `Qwen2VLForConditionalGeneration` (vision tower, patch merger, M-RoPE language
 model; heads 64 wide for vLLM's CPU attention) and its processor: a byte-level BPE with Qwen2-VL's vision
-tokens, a ChatML template (tools listed by signature) that renders image parts, in any role's message, as `<|vision_start|><|image_pad|><|vision_end|>`, and the
-PIL image processor (14-pixel patches merged 2x2, so a 56x84 image is 6 tokens).
+tokens, a ChatML template (tools listed by signature) that renders image parts, in any role's message, as
+`<|vision_start|><|image_pad|><|vision_end|>`, and the PIL image processor (14-pixel patches merged 2x2, so a
+56x84 image is 6 tokens). Also Qwen2.5-VL, Gemma-3 and Qwen3-VL-MoE (routing replay) with their processors.
 
 The processor is `ImageOnlyQwen2VLProcessor` (vision/without_torchvision.py): Qwen2-VL's own without its video
 processor, which needs torchvision, a package that cannot be installed beside the CPU build of torch these
@@ -154,3 +155,39 @@ def build_tiny_qwen2_5_vl(processor, hidden_size: int = 128, num_layers: int = 2
     config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids)
     torch.manual_seed(seed)
     return Qwen2_5_VLForConditionalGeneration(config)
+
+
+def build_qwen3_vl_processor(corpus: list[str], vocab_size: int = 400, min_pixels: int = 4 * 32 * 32,
+                             max_pixels: int = 64 * 32 * 32):
+    """A Qwen3-VL processor (`ImageOnlyQwen3VLProcessor`: 16-pixel patches merged 2x2, so one image token per 32x32
+    pixels; mean and std 0.5) with the tokenizer and template of `build_vision_processor`."""
+    from ..vision.without_torchvision import ImageOnlyQwen3VLProcessor
+
+    tokenizer = build_vision_processor(corpus, vocab_size).tokenizer
+    images = Qwen2VLImageProcessorPil(patch_size=16, merge_size=2, temporal_patch_size=2, min_pixels=min_pixels,
+                                      max_pixels=max_pixels, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    return ImageOnlyQwen3VLProcessor(image_processor=images, tokenizer=tokenizer, chat_template=VISION_CHAT_TEMPLATE)
+
+
+def build_tiny_qwen3_vl_moe(processor, hidden_size: int = 128, num_layers: int = 2, vision_depth: int = 2,
+                            num_experts: int = 4, seed: int = 0, max_positions: int = 1024):
+    """A random-weight `Qwen3VLMoeForConditionalGeneration`: every decoder layer a mixture of `num_experts` experts
+    (2 per token, renormalised), interleaved M-RoPE, and a vision tower with learned position embeddings whose
+    first block's features are also added into the first decoder layer (DeepStack); heads 64 wide, tied
+    embeddings."""
+    import torch
+    from transformers.models.qwen3_vl_moe import Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
+
+    text, ids, special = _qwen_vl_language(processor, hidden_size, num_layers, max_positions)
+    text.pop("rope_scaling")
+    half = 64 // 2
+    text.update(num_experts=num_experts, num_experts_per_tok=2, moe_intermediate_size=hidden_size // 2,
+                decoder_sparse_step=1, head_dim=64,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_interleaved": True,
+                                 "mrope_section": [half // 4, 3 * half // 8, 3 * half // 8]})
+    vision = dict(depth=vision_depth, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                  num_heads=hidden_size // 64, patch_size=16, spatial_merge_size=2, temporal_patch_size=2,
+                  out_hidden_size=hidden_size, num_position_embeddings=64, deepstack_visual_indexes=[0])
+    config = Qwen3VLMoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids, **special)
+    torch.manual_seed(seed)
+    return Qwen3VLMoeForConditionalGeneration(config)

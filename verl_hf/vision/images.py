@@ -45,7 +45,13 @@ def message_images(messages: list[dict], where: str) -> list:
     for m, message in enumerate(messages):
         content = message.get("content") if isinstance(message, dict) else None
         for part in content if isinstance(content, list) else []:
-            if not isinstance(part, dict) or part.get("type") != "image":
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in ("image_url", "video", "video_url") or (kind == "image" and "url" in part
+                                                                 and part.get("image", part.get("path")) is None):
+                raise ValueError(f"{where}: message {m} has a {kind!r} part{' with a url' if kind == 'image' else ''}, "
+                                 f"which is not read here (URLs are not fetched, videos not taken): give each image "
+                                 f"as {{'type': 'image', 'image': <PIL image, file path or bytes>}}.")
+            if kind != "image":
                 continue
             value = part.get("image", part.get("path"))
             if value is None:

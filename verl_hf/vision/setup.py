@@ -79,7 +79,9 @@ def check_vision_inputs(model, processor, args, with_images: list[str], multi_tu
     ]
     for applies, what, fix in not_yet:
         if applies:
-            raise ValueError(f"{source}, which {what} does not carry yet: {fix}.")
+            text_run = "" if with_images else (" (or pass processing_class=processor.tokenizer for a text run, whose "
+                                               "environments answer in text)")
+            raise ValueError(f"{source}, which {what} does not carry yet: {fix}{text_run}.")
     return True
 
 
