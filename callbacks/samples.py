@@ -107,9 +107,14 @@ def _text(prompt) -> str:
 
 
 def _json(messages) -> str:
-    """Chat messages as JSON; the images in them (an environment's or a tool's) as "<image WxH>"."""
-    return json.dumps(messages, default=lambda value: f"<image {value.width}x{value.height}>"
-                      if hasattr(value, "width") and hasattr(value, "height") else str(value))
+    """Chat messages as JSON; the images in them (an environment's or a tool's) as "<image WxH>" ("<N bytes>")."""
+    def name(value) -> str:
+        if isinstance(value, (bytes, bytearray)):
+            return f"<{len(value)} bytes>"
+        return f"<image {value.width}x{value.height}>" if hasattr(value, "width") and hasattr(value, "height") \
+            else str(value)
+
+    return json.dumps(messages, default=name)
 
 
 def _to_trackers(trainer, args, rows: list[dict], step: int) -> None:

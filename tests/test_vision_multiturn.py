@@ -127,10 +127,27 @@ def test_the_engines_image_limit_ends_a_sample_and_sampled_placeholders_cut_a_tu
     assert cut["logprob_gap"] < 1e-4
 
 
+def lambda_empty(text: str):
+    """A tool that returns an empty picture.
+
+    Args:
+        text: Ignored.
+    """
+    return Image.new("RGB", (0, 0))
+
+
+lambda_empty.__name__ = "look"
+
+
 def test_what_cannot_show_a_picture_is_said_naming_the_sample(vlm, tmp_path):
-    """A picture answered to a run without a processor, an image part without its image, an unreadable path, a
-    template that renders no placeholder for an image: each an error that names the sample and the fix."""
-    from verl_hf.agent import MultiTurnRollout, Step, ToolEnvironment, as_tools
+    """A picture answered to a run without a processor, an image part without its image, an unreadable path, an
+    image_url part: each an error that names the sample and the fix. A placeholder in an answer's text ends that
+    sample; a tool's empty picture is an error result; a template that renders no placeholder for an answer's
+    image is refused when the rollout is built."""
+    import asyncio
+
+    from verl_hf.agent import MultiTurnRollout, Step, ToolCall, ToolEnvironment, as_tools
+    from verl_hf.agent.tools import answer
     from verl_hf.demo.tiny import CHAT_TEMPLATE
     from verl_hf.roles import Actor
 
@@ -170,14 +187,17 @@ def test_what_cannot_show_a_picture_is_said_naming_the_sample(vlm, tmp_path):
     with pytest.raises(ValueError, match=r"message 0 has a 'image_url' part, which is not read here \(URLs are not "
                                          r"fetched"):
         play(actor, answering([{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]), processor)
-    with pytest.raises(ValueError, match=r"its ids hold 1 image placeholder\(s\) \(and 0 other image or video "
-                                         r"marker\(s\)\) for 0 image\(s\)"):  # a placeholder written as text
-        play(actor, answering("Here: <|image_pad|>"), processor)
+    # a placeholder in an answer's text (e.g. echoed by a tool): the sample ends there, the run goes on
+    batch, metrics = play(actor, answering("Here: <|image_pad|>"), processor)
+    assert metrics["stop/image_error"] > 0 and not (batch.response_ids == processor.image_token_id).any()
+    empty = asyncio.run(answer(ToolCall("look", {"text": ""}), as_tools([lambda_empty]), 5))
+    assert (empty.status, empty.content) == ("error", "Error: look returned an empty image (0x0 pixels).")
     template = processor.tokenizer.chat_template
-    try:  # CHAT_TEMPLATE renders a message's content as it is: no placeholder for its picture
+    try:  # CHAT_TEMPLATE renders a message's content as it is: no placeholder for its picture; refused when built
         processor.tokenizer.chat_template = CHAT_TEMPLATE
-        with pytest.raises(ValueError, match=r"its ids hold 0 image placeholder\(s\) .*for 1 image\(s\)"):
-            play(actor, answering([{"type": "image", "image": Image.new("RGB", (28, 28))}]), processor)
+        with pytest.raises(ValueError, match=r"the chat template cannot show an image in a 'user' message \(a 'user' "
+                                             r"reply with an image: its ids hold 0 image placeholder"):
+            MultiTurnRollout(answering(""), processor, None, max_turns=3, max_tokens=96, env_timeout_s=30)
     finally:
         processor.tokenizer.chat_template = processor.chat_template = template
 

@@ -76,7 +76,12 @@ def test_bad_image_inputs_are_refused_naming_the_row(actor, tmp_path):
              ({"prompt": "Describe it.", "images": [picture(28, 28, 0)]}, "row 0: 1 image.* but a text prompt"),
              (image_row(2, [(28, 28)], "Two?"), r"row 0: 1 image\(s\) in column 'images' but 2 image part"),
              ({**image_row(1, [], "Hi"), "images": [str(tmp_path / "missing.png")]},
-              "row 0, column 'images': no image file")]
+              "row 0, column 'images': no image file"),
+             ({"prompt": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://a.b/c.png"}},
+                                                       {"type": "text", "text": "Hi"}]}], "images": []},
+              "row 0: message 0 has a 'image_url' part, which is not read here"),
+             (image_row(1, [(28, 28)], f"And {actor.images.processor.image_token}?"),
+              "row 0: its rendered prompt holds another number of image placeholders than its 1 image")]
     for row, message in cases:
         with pytest.raises(ValueError, match=message):
             actor.images.prompt_ids(row, "row 0")

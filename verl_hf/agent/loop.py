@@ -16,7 +16,9 @@ Images (a vision-language policy, MultiTurnRollout given its processor): a conve
 their placeholders appear in its ids; each answer's placeholders are expanded to its images' tokens as the
 processor expands them, every turn goes to the engine with all the conversation's images so far, and a turn that
 samples an image placeholder is cut before it (stop "image_token"). A reply that would bring a sample past
-the engine's `max_images_per_prompt` ends it ("max_images"). vision/answers.py makes an answer's ids and pixels.
+the engine's `max_images_per_prompt` ends it ("max_images"); one whose images cannot be shown (a placeholder
+without its image, an image the processor cannot take) ends it with a warning ("image_error"). vision/answers.py
+makes an answer's ids and pixels; that the chat template shows an answer's image is checked at construction.
 
 `to_batch` makes the round's RolloutBatch: `response_mask` is 1 on the model's tokens only, `env_mask` 1 on
 the environment's (attended, never trained on), sampling log-probs exist for the model's tokens, and an
@@ -39,16 +41,17 @@ from ..batch import RolloutBatch, row_columns
 from ..data import tokenize_prompt
 from ..rewards.calling import RewardTimeout, run_coroutines
 from ..rollout.base import SamplingConfig, left_pad
-from ..vision.answers import AnswerImages
+from ..vision.answers import AnswerImageError, AnswerImages
 from ..vision.images import message_images
 from ..vision.inputs import extend_row
 from ..vision.setup import is_processor, share_chat_template
 from .chat import ChatTemplateError, continuation_text, with_calls
-from .environment import Step
-from .tools import call_anyhow
+from .environment import Step, call_id, template_calls
+from .tools import ToolCall, call_anyhow
 
 logger = logging.getLogger(__name__)
-STOP_REASONS = ("done", "max_turns", "budget", "length", "other_stop", "template", "image_token", "max_images")
+STOP_REASONS = ("done", "max_turns", "budget", "length", "other_stop", "template", "image_token", "max_images",
+                "image_error")
 TRUNCATED = ("budget", "length", "max_turns", "image_token", "max_images")  # the stops that cut a sample short
 
 
@@ -91,6 +94,8 @@ class MultiTurnRollout:
         self.images = AnswerImages(processor) if processor is not None else None
         self.placeholder_ids = self.images.placeholder_ids if processor is not None else set()
         self.make_env, self.tokenizer, self.tools_schema = make_env, tokenizer, tools_schema
+        if processor is not None:
+            self._check_answers_show_images()
         self.max_turns, self.max_tokens, self.env_timeout_s = max_turns, max_tokens, env_timeout_s
         self.turn_length, self.max_prompt_tokens = turn_length, max_prompt_tokens
         self.said_in_step = False  # the log line that says an engine plays turns in step, once
@@ -222,6 +227,27 @@ class MultiTurnRollout:
                              f"fewer tokens.")
         return list(messages), ids, pixels
 
+    def _check_answers_show_images(self) -> None:
+        """Refuse, at construction, a chat template that does not show an image in an answer: a tool reply (or,
+        without tools, a user reply) with an image part, after a turn, must render as the conversation's
+        extension with one placeholder for it."""
+        from PIL import Image
+
+        image, tools = Image.new("RGB", (28, 28), (128, 128, 128)), self.tools_schema
+        role = "tool" if tools else "user"
+        reply = [{"role": role, "content": [{"type": "image", "image": image}, {"type": "text", "text": "408"}],
+                  **({"tool_call_id": call_id(1)} if tools else {})}]
+        calls = template_calls([ToolCall(tools[0]["function"]["name"], {})], [call_id(1)]) if tools else ()
+        turn = self.tokenizer(" I will look. ", add_special_tokens=False).input_ids + [self.tokenizer.eos_token_id]
+        try:
+            text = continuation_text(self.tokenizer, [{"role": "user", "content": "What is it?"}], turn, reply, tools,
+                                     calls)
+            self.images.ids(text, [image], f"a {role!r} reply with an image")
+        except (ChatTemplateError, AnswerImageError) as exc:
+            raise ChatTemplateError(f"multi-turn rollouts with images: the chat template cannot show an image in a "
+                                    f"{role!r} message ({exc}); use one that renders image parts in every role's "
+                                    f"messages (Qwen2-VL's does).") from exc
+
     def _images_of(self, messages: list[dict], where: str) -> list:
         """The images in the messages' image parts (read as RGB PIL images); refused without a processor."""
         images = message_images(messages, where)
@@ -296,14 +322,17 @@ class MultiTurnRollout:
         try:
             text = continuation_text(self.tokenizer, before, c.last_turn, step.messages, self.tools_schema,
                                      step.tool_calls)
-        except ChatTemplateError as exc:  # this turn's text: the template's check at start-up passed
-            if images:  # a template that cannot render image parts would end every sample shown a picture
-                raise ValueError(f"{where}: the chat template cannot render its image parts ({exc}).") from exc
+        except ChatTemplateError as exc:  # this turn's text: the template's checks at start-up passed
             logger.warning("multi-turn: a sample ends early, its continuation failed: %s", exc)
             c.stop = "template"
             return
-        suffix, pixels = self.images.ids(text, images, where) if self.images is not None else \
-            (self.tokenizer(text, add_special_tokens=False).input_ids, None)
+        try:
+            suffix, pixels = self.images.ids(text, images, where) if self.images is not None else \
+                (self.tokenizer(text, add_special_tokens=False).input_ids, None)
+        except AnswerImageError as exc:  # this answer's content (e.g. a placeholder echoed in a tool's text)
+            logger.warning("multi-turn: a sample ends early: %s", exc)
+            c.stop = "image_error"
+            return
         if len(c.ids) + len(suffix) >= self.max_tokens:  # no room left for another turn
             c.stop = "budget"
             return

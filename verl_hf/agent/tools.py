@@ -137,7 +137,12 @@ async def answer(call: ToolCall, tools: dict[str, Tool], timeout_s: float | None
         return ToolResult(f"Error: TimeoutError: {exc}", "error")  # the tool's own, as it raised it
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - the model reads what its call did (exit() included)
         return ToolResult(f"Error: {type(exc).__name__}: {exc}", "error")
-    return ToolResult(tool_content(output), "ok")
+    content = tool_content(output)
+    empty = [part["image"].size for part in content if part["type"] == "image" and 0 in part["image"].size] \
+        if isinstance(content, list) else []
+    if empty:  # nothing to show (e.g. a crop of size 0 the model asked for)
+        return ToolResult(f"Error: {call.name} returned an empty image ({empty[0][0]}x{empty[0][1]} pixels).", "error")
+    return ToolResult(content, "ok")
 
 
 def tool_content(output) -> str | list[dict]:

@@ -31,6 +31,8 @@ def read_image(value, where: str):
         else:
             raise ValueError(f"{where}: {type(value).__name__} is not an image; give a PIL image, a file path or "
                              f"the image's bytes.")
+        if 0 in image.size:
+            raise ValueError(f"{where}: the image is empty ({image.width}x{image.height} pixels).")
         return image.convert("RGB")
     except (UnidentifiedImageError, OSError) as error:
         raise ValueError(f"{where}: cannot read the image ({error}); give a PNG/JPEG/... file, its bytes or a PIL "
@@ -42,7 +44,20 @@ def message_images(messages: list[dict], where: str) -> list:
     in place of "image"), in order, as RGB PIL images: what an environment or a tool answers with. `where` names
     the messages in errors (e.g. "the environment's answer to sample 3")."""
     images = []
-    for m, message in enumerate(messages):
+    for m, part in image_parts_of(messages, where):
+        value = part.get("image", part.get("path"))
+        if value is None:
+            raise ValueError(f"{where}: message {m} has an image part without its image; give "
+                             f"{{'type': 'image', 'image': <PIL image, file path or bytes>}}.")
+        images.append(read_image(value, f"{where}, message {m}, image {len(images)}"))
+    return images
+
+
+def image_parts_of(messages: list, where: str) -> list[tuple[int, dict]]:
+    """(message index, part) of each image part of chat messages, in order. Refused, naming the message: parts
+    that would render a placeholder with nothing read behind it (`image_url`, video parts, an image by URL)."""
+    found = []
+    for m, message in enumerate(messages if isinstance(messages, list) else []):
         content = message.get("content") if isinstance(message, dict) else None
         for part in content if isinstance(content, list) else []:
             kind = part.get("type") if isinstance(part, dict) else None
@@ -51,14 +66,9 @@ def message_images(messages: list[dict], where: str) -> list:
                 raise ValueError(f"{where}: message {m} has a {kind!r} part{' with a url' if kind == 'image' else ''}, "
                                  f"which is not read here (URLs are not fetched, videos not taken): give each image "
                                  f"as {{'type': 'image', 'image': <PIL image, file path or bytes>}}.")
-            if kind != "image":
-                continue
-            value = part.get("image", part.get("path"))
-            if value is None:
-                raise ValueError(f"{where}: message {m} has an image part without its image; give "
-                                 f"{{'type': 'image', 'image': <PIL image, file path or bytes>}}.")
-            images.append(read_image(value, f"{where}, message {m}, image {len(images)}"))
-    return images
+            if kind == "image":
+                found.append((m, part))
+    return found
 
 
 def row_images(row: dict, column: str, where: str) -> list:

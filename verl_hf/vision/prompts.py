@@ -10,16 +10,14 @@ See it work: tests/test_vision_inputs.py.
 
 from __future__ import annotations
 
-from .images import row_images
-from .inputs import RowPixels, process_row
+from .images import image_parts_of, row_images
+from .inputs import RowPixels, image_runs, image_token_of, process_row
 
 
-def image_parts(prompt) -> int:
-    """How many image parts ({"type": "image"}) the chat messages hold: the placeholders the template renders."""
-    if not isinstance(prompt, list):
-        return 0
-    return sum(1 for m in prompt if isinstance(m, dict) and isinstance(m.get("content"), list)
-               for part in m["content"] if isinstance(part, dict) and part.get("type") == "image")
+def image_parts(prompt, where: str = "a prompt") -> int:
+    """How many image parts ({"type": "image"}) the chat messages hold: the placeholders the template renders
+    (refused: parts that render one with nothing behind it, vision/images.py's `image_parts_of`)."""
+    return len(image_parts_of(prompt, where))
 
 
 class ImagePrompts:
@@ -57,11 +55,19 @@ class ImagePrompts:
                 raise ValueError(f"{where}: {len(images)} image(s) in column {self.column!r} but a text prompt; "
                                  f"give chat messages whose content holds an {{'type': 'image'}} part per image.")
             return self.processor.tokenizer(prompt).input_ids, None
-        parts = image_parts(prompt)
+        parts = image_parts(prompt, where)
         if parts != len(images):
             raise ValueError(f"{where}: {len(images)} image(s) in column {self.column!r} but {parts} image "
                              f"part(s) ({{'type': 'image'}}) in the prompt's messages; each image needs its part, "
                              f"in the order of the images.")
         text = self.processor.apply_chat_template(prompt, tools=tools or None, add_generation_prompt=True,
                                                   tokenize=False)
-        return process_row(self.processor, text, images)
+        marker = getattr(self.processor, "image_token", None)  # what the processor expands, once per image
+        ids, pixels = (None, None) if marker and text.count(marker) != len(images) else \
+            process_row(self.processor, text, images)
+        if ids is None or image_runs(ids, image_token_of(self.processor)) != len(images):
+            # e.g. an <|image_pad|> written in the prompt's text: an image token with no pixels behind it
+            raise ValueError(f"{where}: its rendered prompt holds another number of image placeholders than its "
+                             f"{len(images)} image(s); write no image placeholder token ({marker!r}) in the text "
+                             f"(give images as {{'type': 'image'}} parts, the images in column {self.column!r}).")
+        return ids, pixels
