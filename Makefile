@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM := false
 # DeepSpeed JIT-compiles a CPU communication op on first use (~85 s): keep it with the environment.
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/$(VENV)/torch_extensions
 
-.PHONY: demo test check install clean
+.PHONY: demo test check install clean gpu-wheels
 
 install: $(VENV)/.installed
 
@@ -50,3 +50,7 @@ check: install
 
 clean:
 	rm -rf $(VENV) demo-output demo-tools-output build *.egg-info
+
+# The small wheels the lent GPU machine lacks (scripts/gpu_check.sh installs them there; README, The GPU check).
+gpu-wheels:
+	bash scripts/gpu_wheels.sh

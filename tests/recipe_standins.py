@@ -1,5 +1,5 @@
 """Local stand-ins with the columns and format of the recipes' real datasets (openai/gsm8k,
-Dahoas/full-hh-rlhf), for tests/test_recipes.py and scripts/gpu_check.sh (no Hub in either)."""
+Dahoas/full-hh-rlhf), for tests/test_recipes.py (no Hub)."""
 
 import random
 

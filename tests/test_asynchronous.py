@@ -38,6 +38,11 @@ def slow_reward(completions, **kwargs):
     return [float("####" in c) for c in completions]
 
 
+def length_reward(completions, **kwargs):
+    """A reward that separates the samples of a group: their lengths."""
+    return [len(c) / 10 for c in completions]
+
+
 def producers_alive() -> list:
     return [t for t in threading.enumerate() if t.name == "verl_hf-rollout-producer" and t.is_alive()]
 
@@ -54,16 +59,25 @@ def _train(tmp_path, server, addition, staleness: int, callbacks=(), model=WARM_
 @pytest.mark.parametrize("staleness", [1, 2])
 def test_a_slow_trainer_lets_the_producer_run_ahead_up_to_the_bound_and_no_further(server, tmp_path, addition,
                                                                                      staleness):
-    steps = _train(tmp_path, server, addition, staleness, [SlowSteps(0.6)], max_steps=6)
+    # A reward by length: the samples of a group (almost) never tie, so the updates are not zero by chance
+    steps = _train(tmp_path, server, addition, staleness, [SlowSteps(0.6)], max_steps=6, reward_funcs=[length_reward],
+                   reward_weights=[1.0])
     assert len(steps) == 6
     seen = [h["async/staleness_max"] for h in steps]
     assert max(seen) == staleness, seen  # ahead as far as allowed (the trainer is the slow side) ...
     assert all(s <= staleness for s in seen), seen  # ... and never further
     assert all(h["async/staleness_mean"] == h["async/staleness_max"] for h in steps)  # one version per round
     assert sum(h["async/producer_wait_s"] for h in steps) > 1.0  # it waited at the bound instead of sampling on
-    # the server really sampled with older weights: only the first round's log-probs are the trainer's own
+    # The server really sampled with older weights: a round's log-probs are the trainer's own exactly when the
+    # weights did not move since the version it was sampled with. Whether they moved is read from the run, not
+    # assumed: Adam moves them at every step from the first nonzero gradient on (its moments persist), so round i
+    # was sampled with other weights iff it is stale (s_i > 0) and some step before it had a gradient. (A round
+    # whose rewards all tie has grad norm 0; which round that is depends on the CPU kind's rounding.)
     gaps = [h["rollout_is/logprob_gap_max"] for h in steps]
-    assert gaps[0] < 1e-3 and all(g > 1e-2 for g in gaps[1:]), gaps
+    first_moved = next((i for i, h in enumerate(steps) if h["grad_norm"] > 0), len(steps))
+    moved = [s > 0 and first_moved < i for i, s in enumerate(seen)]
+    assert any(moved), (seen, [h["grad_norm"] for h in steps])
+    assert all((g > 1e-2) if m else (g < 1e-3) for g, m in zip(gaps, moved)), (gaps, moved)
     assert not producers_alive()
 
 
@@ -357,3 +371,78 @@ def test_an_environment_is_refused_before_the_model_loads(tmp_path):
     args = small_config(tmp_path, **{**ASYNC, "vllm_server_url": "http://127.0.0.1:1", "max_staleness": 1})
     with pytest.raises(ValueError, match="cannot run with multi-turn rollouts"):
         VerlTrainer(model=WARM_START, args=args, environment=Environment)
+
+
+def _server_engine(url: str, timeout_s: float = 120.0):
+    from transformers import AutoConfig, AutoTokenizer
+
+    from verl_hf.rollout.vllm_server import VLLMServerEngine
+
+    tokenizer = AutoTokenizer.from_pretrained(WARM_START)
+    return VLLMServerEngine(url, AutoConfig.from_pretrained(WARM_START), tokenizer.pad_token_id,
+                            [tokenizer.eos_token_id], max_model_len=64, timeout_s=timeout_s)
+
+
+def test_a_request_refused_during_a_pause_waits_for_the_resume_and_loses_nothing(server):
+    """vLLM 0.33+ refuses new requests with 503 from /pause?mode=abort until /resume (0.32 queued them): a round the
+    producer starts during the trainer's push is refused, waits, is sent again once the server resumes, and samples
+    exactly what it would have sampled unrefused (same seeds, same weights)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from refusing_proxy import refusing_proxy
+
+    from verl_hf.rollout.base import SamplingConfig
+
+    prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
+    params = SamplingConfig(max_new_tokens=16, num_return_sequences=2, return_logprobs=True, seed=11)
+    with refusing_proxy(server) as proxy:
+        engine = _server_engine(proxy.url)
+        unrefused = engine.generate(prompts, params)
+        pool = ThreadPoolExecutor(1)
+        with engine.paused_for_weights():
+            round_in_pause = pool.submit(engine.generate, prompts, params)  # the producer's next round
+            time.sleep(1.5)  # the trainer's push
+            assert not round_in_pause.done() and proxy.refused >= len(prompts), proxy.refused
+        rollout = round_in_pause.result(timeout=120)
+        pool.shutdown()
+    assert rollout.response_ids.tolist() == unrefused.response_ids.tolist()
+    assert (rollout.logprobs - unrefused.logprobs).abs().max() < 1e-5
+
+
+def test_a_server_that_never_resumes_ends_the_round_naming_it(server):
+    from refusing_proxy import refusing_proxy
+
+    from verl_hf.rollout.base import SamplingConfig
+
+    with refusing_proxy(server, never_resumes=True) as proxy:
+        engine = _server_engine(proxy.url, timeout_s=3.0)
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match=f"The vLLM server at {proxy.url} refused sampling requests for "
+                                               f"vllm_server_timeout_s=3.0 as paused and did not resume"):
+            engine.generate([[5, 6, 7]], SamplingConfig(max_new_tokens=4))
+        assert 2.5 < time.monotonic() - started < 30 and proxy.refused > 3
+
+
+def test_partial_rollouts_train_through_a_server_that_refuses_during_pauses(server, tmp_path, addition):
+    """The partial-rollout run above, through a server that refuses as vLLM 0.33+ does: pushes land inside
+    generations, the aborted choices and the rounds started during a push are refused, wait and are sent again,
+    and the producer never dies."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from refusing_proxy import refusing_proxy
+
+    policy = AutoModelForCausalLM.from_pretrained(WARM_START, dtype=torch.float32)
+    torch.manual_seed(7)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    policy.save_pretrained(tmp_path / "policy")
+    AutoTokenizer.from_pretrained(WARM_START).save_pretrained(tmp_path / "policy")
+    with refusing_proxy(server) as proxy:
+        steps = _train(tmp_path, proxy.url, addition, 1, model=str(tmp_path / "policy"), max_steps=4,
+                       partial_rollouts=True, max_response_length=96)
+    assert len(steps) == 4 and all(h["async/staleness_max"] <= 1 for h in steps)
+    assert proxy.refused > 0  # requests did arrive during pauses, and were refused
+    assert any(h["async/partial_frac"] > 0 for h in steps)
+    assert not producers_alive()

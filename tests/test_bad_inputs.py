@@ -25,6 +25,8 @@ CONFIG_CASES = [
     ("zero accumulation", dict(gradient_accumulation_steps=0), ValueError, r"gradient_accumulation_steps=0 must be"),
     ("negative generation batch", dict(generation_batch_size=-8), ValueError, r"generation_batch_size=-8 must be >= 1"),
     ("NaN reward weight", dict(reward_weights=[float("nan")]), ValueError, r"reward_weights=\[nan\] must all be finite"),
+    ("eager vLLM with HF engine", dict(vllm_enforce_eager=False), ValueError,
+     r"vllm_enforce_eager=False takes effect only when rollout_engine='vllm'"),
     ("kv cache with HF engine", dict(vllm_kv_cache_mb=128), ValueError,
      r"vllm_kv_cache_mb=128 takes effect only when rollout_engine='vllm'.*leave vllm_kv_cache_mb at its default"),
     ("tensor parallel with HF engine", dict(rollout_tensor_parallel_size=2), ValueError,

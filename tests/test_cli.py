@@ -68,9 +68,31 @@ def test_distill_demo_reuses_a_prior_grpo_demo_as_its_teacher_and_compares_the_r
     steps = [point[0] for point in summary["accuracy_by_seconds"]]
     comparison = summary["distill_vs_grpo"]
     assert steps == [0, 2, 4] and comparison["grpo_steps"] == 500 and comparison["grpo_seconds"] == 200.0
-    assert comparison["reached_step"] == 2  # the warm start is the teacher here: within 3 points from the start
-    assert comparison["steps_share"] == 2 / 500 and "distillation: held-out accuracy" in result.stdout
+    # The warm start is the teacher here (0.30 said): where the student's own curve first comes within 3 points of
+    # it is read from that curve, since 2 steps of distillation move held-out accuracy by a point or two either way
+    # depending on the CPU kind's rounding (step 2 on two kinds, 4 on AVX512-BF16)
+    curve = summary["accuracy_by_seconds"]
+    first = next((step for step, _, accuracy in curve[1:] if accuracy >= 0.30 - 0.03), None)
+    assert comparison["reached_step"] == first and comparison["steps_share"] == (first and first / 500)
+    assert comparison["student_start"] == curve[0][2] and comparison["student_final"] == curve[-1][2]
+    assert "distillation: held-out accuracy" in result.stdout
     assert (out / "curve.png").stat().st_size > 1000
+
+
+def test_the_distill_comparison_finds_the_first_evaluation_within_3_points_of_the_teacher():
+    from verl_hf.demo.distill_demo import compare, describe
+
+    # teacher 0.60 -> target 0.57; the student's evaluations after step 0: 0.50 at step 2, 0.58 at step 4 (2.0 s)
+    teacher = {"steps": 500, "accuracy_after": 0.60,
+               "accuracy_by_seconds": [[0, 0.0, 0.30], [100, 40.0, 0.50], [500, 200.0, 0.60]]}
+    student = {"accuracy_before": 0.30, "accuracy_after": 0.58,
+               "accuracy_by_seconds": [[0, 0.0, 0.30], [2, 1.0, 0.50], [4, 2.0, 0.58]]}
+    c = compare(teacher, student)
+    assert (c["reached_step"], c["reached_seconds"], c["steps_share"], c["seconds_share"]) == (4, 2.0, 0.008, 0.01)
+    assert (c["grpo_reached_step"], c["grpo_reached_seconds"]) == (500, 200.0)
+    student["accuracy_by_seconds"][2][2] = 0.56  # 0.56 < 0.57: never within 3 points
+    assert compare(teacher, student)["reached_step"] is None
+    assert "not within 3 points of it in this run" in describe(compare(teacher, student))
 
 
 def test_the_distill_demo_never_trains_its_teacher_over_a_folder_it_did_not_make(tmp_path):

@@ -119,7 +119,11 @@ def test_ddp_zero2_zero3_lora_train_sync_and_agree(tmp_path):
             assert rank0[key] == rank1[key], (mode, key)
         assert rank0["accuracy_before"] == 0.315, mode  # the warm start on the full held-out set
         train_logs = [h for h in rank0["log_history"] if "reward/mean" in h]
-        assert all(math.isfinite(h["loss"]) and h["grad_norm"] > 0 for h in train_logs), mode
+        assert all(math.isfinite(h["loss"]) for h in train_logs), mode
+        # every step whose advantages are not all zero moves the weights (a round whose groups all tie has none:
+        # which round that is depends on the CPU kind's rounding), and some step had such advantages
+        informative = [h for h in train_logs if h["advantages/abs_mean"] > 0]
+        assert informative and all(h["grad_norm"] > 0 for h in informative), mode
         pushed = [round(h["sync/gigabytes"] * 1e9) for h in train_logs]
         if mode == "zero3_lora":  # every weight once (at the evaluation before the first step), then the adapted
             # layers; the first log averages that full sync with the first step's

@@ -121,7 +121,8 @@ def test_fsdp2_shards_trains_syncs_and_both_ranks_agree(tmp_path):
             assert rank0[key] == rank1[key], (name, key)
         assert rank0["accuracy_before"] == 0.315, name  # the warm start on the full held-out set, as under DDP
         train = [h for h in history if "reward/mean" in h]
-        assert len(train) == 4 and all(h["grad_norm"] > 0 for h in train)
+        informative = [h for h in train if h["advantages/abs_mean"] > 0]  # a round whose groups all tie has none
+        assert len(train) == 4 and informative and all(h["grad_norm"] > 0 for h in informative), name
         pushed = [round(h["sync/gigabytes"] * 1e9) for h in train]  # LoRA: every weight once, then adapted layers
         assert pushed[1:] == [MODEL_BYTES if name == "full" else LORA_LAYERS_BYTES] * 3, (name, pushed)
         # the first log averages the evaluation's full sync before it with the step's (LoRA: the layers only)

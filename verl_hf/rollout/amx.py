@@ -23,6 +23,8 @@ import functools
 import os
 import platform
 
+from .vllm_version import guarded_plugin
+
 ARCH_GET_XCOMP_PERM, ARCH_REQ_XCOMP_PERM = 0x1022, 0x1023
 XFEATURE_XTILEDATA = 18
 SYS_ARCH_PRCTL = 158  # x86_64 Linux
@@ -111,6 +113,7 @@ def plugin_missing() -> str | None:
     return None
 
 
+@guarded_plugin
 def vllm_plugin() -> None:
     """vLLM general plugin (setup.cfg entry point): ask for AMX in each process vLLM starts. A refusal is
     reported and left to the dtype check of whoever started vLLM (`verl-hf vllm-serve`, VLLMEngine): fp32 runs

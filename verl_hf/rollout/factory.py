@@ -106,7 +106,9 @@ def make_vllm_engine(model, tokenizer, args: VerlConfig, adapter: dict | None = 
     kernels for `adapter`'s rank when it serves the adapter; taking image prompts with `processor`)."""
     from ..sync.adapter import engine_lora_rank
     from .vllm_engine import VLLMEngine
+    from .vllm_version import check_vllm_version
 
+    check_vllm_version()  # an unsupported vLLM is refused in one line before anything is built
     tp = args.rollout_tensor_parallel_size
     if args.world_size % tp:
         raise ValueError(f"rollout_tensor_parallel_size={tp} must divide the number of processes "
@@ -121,6 +123,7 @@ def make_vllm_engine(model, tokenizer, args: VerlConfig, adapter: dict | None = 
         gpu_memory_utilization=args.vllm_gpu_memory_utilization,
         kv_cache_memory_bytes=kv_mb * 2**20 if kv_mb else None, tensor_parallel_size=tp,
         distributed=args.world_size > 1, sleep_level=args.vllm_sleep_level, return_routes=args.routing_replay,
+        enforce_eager=args.vllm_enforce_eager,
         lora_rank=engine_lora_rank(adapter) if adapter else None, processor=processor,
     )
 

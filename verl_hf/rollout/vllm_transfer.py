@@ -22,12 +22,15 @@ from dataclasses import dataclass
 
 import torch
 
+from .vllm_version import guarded_plugin
+
 GLOO_BACKEND = "verl_hf_gloo"
 TRANSPORTS = ("nccl", GLOO_BACKEND)
 
 
+@guarded_plugin
 def register() -> None:
-    """vLLM plugin entry point (runs in every vLLM process): make `verl_hf_gloo` a weight-transfer backend, give
+    """vLLM plugin entry point (runs in every vLLM process; with an unsupported vLLM it does nothing, vllm_version.py): make `verl_hf_gloo` a weight-transfer backend, give
     the workers `verl_hf_parameter_names` and the adapter methods (reached through the server's /collective_rpc
     route), and let vLLM's adapter reader take adapters sent from memory (vllm_lora.py)."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory

@@ -32,6 +32,7 @@ import warnings
 from ..vision.inputs import collapse_placeholders
 from ..vision.without_torchvision import (QWEN2_VL_FAMILY, ImageOnlyQwen2VLProcessor,
                                            allow_qwen2_vl_without_torchvision, has_torchvision)
+from .vllm_version import guarded_plugin
 
 # The HF architectures whose image prompts vLLM takes here: (vLLM module, the prefix of its processing classes).
 IMAGE_ARCHITECTURES = {
@@ -109,6 +110,7 @@ def check_expanded(ours: list[int], vllm_ids: list[int], row: int | None) -> Non
                            f"model).")
 
 
+@guarded_plugin
 def vllm_plugin() -> None:
     """vLLM's general plugin (setup.cfg), run in each of its processes (a server's too): without torchvision, the
     Qwen2-VL family is registered again, under its own names, with processors that have no video part. With
