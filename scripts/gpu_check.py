@@ -29,6 +29,7 @@ CPU mode is what keeps this script from rotting: tests/test_gpu_check.py runs it
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -81,9 +82,9 @@ GPU = Scale("gpu", True, dict(hidden_size=896, num_hidden_layers=24, num_attenti
                               intermediate_size=4864),
             batch=128, generations=8, response=128, timed_steps=3, vllm_steps=4, logits=(4096, 151936, 896),
             matmul=8192, server_start_s=300,
-            limits=dict(environment=120, grpo_hf=240, chunked_logprobs=120, fsdp2=240, zero3=300, vs_trl=360,
-                        tflops=180, vllm_colocated=300, vllm_server=480, partial_rollouts=300, routing_replay=240,
-                        lora_adapter=300))
+            limits=dict(environment=60, grpo_hf=150, chunked_logprobs=60, fsdp2=100, zero3=130, vs_trl=150,
+                        tflops=60, vllm_colocated=240, vllm_server=300, partial_rollouts=180, routing_replay=150,
+                        lora_adapter=240))
 CPU = Scale("cpu", False, dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                                intermediate_size=256),
             batch=16, generations=4, response=16, timed_steps=2, vllm_steps=2, logits=(1024, 4096, 128),
@@ -111,6 +112,7 @@ class Check:
     def __init__(self, scale: Scale, out: Path):
         self.scale, self.out, self.cache, self.details = scale, out, {}, {}
         self.deadline, self.server = math.inf, None
+        self.budget_s, self.budget_end = math.inf, math.inf  # the whole run's seconds (--budget)
 
     @property
     def cpu(self) -> bool:
@@ -120,25 +122,39 @@ class Check:
         return max(self.deadline - time.monotonic(), 1.0)
 
     def once(self, key: str, build):
+        """`build()` once; a failure is remembered too (a later section that needs it fails at once, naming it)."""
         if key not in self.cache:
-            self.cache[key] = build()
-        return self.cache[key]
+            try:
+                self.cache[key] = (None, build())
+            except Exception as error:  # noqa: BLE001
+                self.cache[key] = (error, None)
+        error, value = self.cache[key]
+        if error is not None:
+            raise RuntimeError(f"{key} failed earlier: {type(error).__name__}: {error}") from error
+        return value
 
     def missing(self, package: str) -> str | None:
-        """Why `package` cannot be imported here (None: it can), from the environment probe."""
+        """Why `package` is absent here (None: it imports). Installed but failing to import (a shipped wheel that
+        does not fit the machine's stack) raises: the section FAILs instead of skipping."""
         found = self.once("probe", lambda: probe(self))["packages"][package]
-        return None if "version" in found else found["error"]
+        if "version" in found:
+            return None
+        if importlib.util.find_spec(package) is not None:
+            raise RuntimeError(f"{package} is installed but does not import: {found['error']}")
+        return found["error"]
 
 
 def run_sections(check: Check, names: list[str]) -> list[dict]:
     rows = []
     for i, name in enumerate(names):
         fn, _ = SECTIONS[name]
-        limit = check.scale.limits[name]
         started = time.monotonic()
+        limit = int(min(check.scale.limits[name], check.budget_end - started))
         check.deadline = started + limit
         signal.alarm(limit + 30)  # a backstop for in-process work; subprocesses get check.remaining()
         try:
+            if limit < 10:
+                raise TimeoutError(f"no time left in --budget {check.budget_s:.0f} s")
             status, figure = fn(check)
         except Exception as error:  # noqa: BLE001  (a failed section is reported and the next one runs)
             status, figure = FAIL, f"{type(error).__name__}: {error}"
@@ -153,6 +169,7 @@ def run_sections(check: Check, names: list[str]) -> list[dict]:
             row["details"] = check.details[name]
         rows.append(row)
         print(f"[{status}] {name} ({row['seconds']:.0f} s): {figure}", flush=True)
+        write_verdict(rows, check, partial=True)  # a call killed later still brings back the sections done
     return rows
 
 
@@ -175,9 +192,14 @@ def verdict(rows: list[dict], check: Check, seconds: float) -> int:
     failed = [r["section"] for r in rows if r["status"] == FAIL]
     print(f"\n{check.scale.mode.upper()} mode, {seconds:.0f} s: " + (f"FAILED: {', '.join(failed)}" if failed else
                                                                    "no section failed"))
-    (check.out / "verdict.json").write_text(json.dumps(dict(mode=check.scale.mode, seconds=round(seconds, 1),
-                                                            sections=rows), indent=1))
+    write_verdict(rows, check, seconds=seconds)
     return 1 if failed else 0
+
+
+def write_verdict(rows: list[dict], check: Check, seconds: float | None = None, partial: bool = False) -> None:
+    (check.out / "verdict.json").write_text(json.dumps(dict(mode=check.scale.mode, partial=partial,
+                                                            seconds=None if seconds is None else round(seconds, 1),
+                                                            sections=rows), indent=1))
 
 
 # ----------------------------------------------------------------------------- subprocesses
@@ -196,14 +218,24 @@ def run_command(check: Check, cmd: list[str], log: Path, env: dict | None = None
 
 
 def end_group(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(proc.pid, sig)
-                proc.wait(timeout=wait)
-                return
-            except (subprocess.TimeoutExpired, ProcessLookupError):
-                continue
+    """End the command's whole process group, also what outlived its leader (a launcher's workers, vLLM's engine
+    core): SIGTERM, a grace period, then SIGKILL always. The section's alarm is off meanwhile, so that it cannot
+    interrupt the cleanup."""
+    signal.alarm(0)
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        pass
+    time.sleep(0.5)  # children of an exited leader get a moment to end on SIGTERM
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def last_error(log: Path) -> str:
@@ -460,7 +492,10 @@ def launched(check: Check, name: str):
            "--dataset_test_split", "null",  # no evaluation before and after: only the training steps count
            "--per_device_train_batch_size", str(check.scale.batch), "--num_generations", str(check.scale.generations),
            "--max_response_length", str(check.scale.response), "--use_cpu", "false",
-           "--bf16", str(check.scale.bf16).lower()]
+           "--bf16", str(check.scale.bf16).lower(),
+           # the demo's rewards never reward a random model: the digits' share makes the update move (DEMO_REWARDS)
+           "--reward_funcs", "gsm8k", "gsm8k_format", "tests/architectures.py:digit_share",
+           "--reward_weights", "1.0", "0.1", "0.1"]
     code = run_command(check, cmd, folder / "log.txt")
     history = folder / "run" / "log_history.json"
     if code != 0 or not history.exists():
@@ -468,6 +503,8 @@ def launched(check: Check, name: str):
     result = dict(log_history=json.loads(history.read_text()))
     summary = json.loads((folder / "run" / "summary.json").read_text())
     why = finite_steps(result, LAUNCH_STEPS)
+    if why is None and not any(h.get("grad_norm", 0) > 0 for h in steps_of(result)):
+        why = f"no step moved the weights (grad_norm {[h.get('grad_norm') for h in steps_of(result)]})"
     figure = (f"{LAUNCH_STEPS} steps, {summary['seconds_per_step']:.2f} s/step, losses "
               f"{[round(h['loss'], 4) for h in steps_of(result)]}, policy shard {summary['policy_params_mb']:.1f} MB")
     return (FAIL, f"{why}; {figure}") if why else (PASS, figure)
@@ -795,6 +832,10 @@ def parse_args(argv):
     parser.add_argument("--cpu", action="store_true", help="the CPU mode: tiny sizes, fp32, the same sections")
     parser.add_argument("--out", default="/tmp/verl_hf_gpu_check", help="folder for logs, runs and verdict.json")
     parser.add_argument("--only", nargs="+", metavar="SECTION", help=f"run these sections only: {', '.join(SECTIONS)}")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds for the whole run (default: 480 in GPU mode, to end inside a 10-minute device "
+                             "call with the wheels' install; none in CPU mode); each section's limit is cut to what "
+                             "is left, and a section with no time left FAILs")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # a spec.json: one training run (train_worker)
     parser.add_argument("--probe", help=argparse.SUPPRESS)   # a result path: the import probe (probe_worker)
     args = parser.parse_args(argv)
@@ -823,6 +864,8 @@ def main(argv=None) -> int:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     check = Check(CPU if args.cpu else GPU, out)
+    budget = args.budget if args.budget is not None else (math.inf if args.cpu else 480.0)
+    check.budget_s, check.budget_end = budget, time.monotonic() + budget
     names = [name for name in SECTIONS if not args.only or name in args.only]
     signal.signal(signal.SIGALRM, on_alarm)
     started = time.monotonic()

@@ -98,10 +98,9 @@ def test_a_slow_producer_makes_the_trainer_wait_and_stays_within_the_bound(serve
     assert all(h["sync/gigabytes"] > 0 for h in steps[1:])  # weights pushed while the producer was between rounds
 
 
-def test_partial_rollouts_push_into_the_generation_in_flight(server, tmp_path, addition):
-    """partial_rollouts=True with long responses (a policy this far from the warm start runs most of them to
-    96 tokens, so the producer is mid-generation whenever the trainer ends a step): the pushes land inside
-    generations, rounds hold responses sampled by two versions, and every token stays within the bound."""
+def _far_policy(tmp_path) -> str:
+    """The warm start with every weight moved by noise (seed 7): it runs most responses to 96 tokens, so the
+    producer is mid-generation whenever the trainer ends a step."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -112,7 +111,14 @@ def test_partial_rollouts_push_into_the_generation_in_flight(server, tmp_path, a
             p.add_(torch.randn_like(p) * 0.3)
     policy.save_pretrained(tmp_path / "policy")
     AutoTokenizer.from_pretrained(WARM_START).save_pretrained(tmp_path / "policy")
-    steps = _train(tmp_path, server, addition, 1, model=str(tmp_path / "policy"), max_steps=4, partial_rollouts=True,
+    return str(tmp_path / "policy")
+
+
+def test_partial_rollouts_push_into_the_generation_in_flight(server, tmp_path, addition):
+    """partial_rollouts=True with long responses (a policy this far from the warm start runs most of them to
+    96 tokens, so the producer is mid-generation whenever the trainer ends a step): the pushes land inside
+    generations, rounds hold responses sampled by two versions, and every token stays within the bound."""
+    steps = _train(tmp_path, server, addition, 1, model=_far_policy(tmp_path), max_steps=4, partial_rollouts=True,
                    max_response_length=96)
     assert len(steps) == 4 and all(h["async/staleness_max"] <= 1 for h in steps)
     mixed = [h for h in steps if h["async/partial_frac"] > 0]
@@ -415,7 +421,8 @@ def test_a_server_that_never_resumes_ends_the_round_naming_it(server):
     from verl_hf.rollout.base import SamplingConfig
 
     with refusing_proxy(server, never_resumes=True) as proxy:
-        engine = _server_engine(proxy.url, timeout_s=3.0)
+        engine = _server_engine(proxy.url)
+        engine.timeout_s = 3.0  # after the start-up requests, which a busy machine may answer slowly
         started = time.monotonic()
         with pytest.raises(RuntimeError, match=f"The vLLM server at {proxy.url} refused sampling requests for "
                                                f"vllm_server_timeout_s=3.0 as paused and did not resume"):
@@ -427,20 +434,10 @@ def test_partial_rollouts_train_through_a_server_that_refuses_during_pauses(serv
     """The partial-rollout run above, through a server that refuses as vLLM 0.33+ does: pushes land inside
     generations, the aborted choices and the rounds started during a push are refused, wait and are sent again,
     and the producer never dies."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from refusing_proxy import refusing_proxy
 
-    policy = AutoModelForCausalLM.from_pretrained(WARM_START, dtype=torch.float32)
-    torch.manual_seed(7)
-    with torch.no_grad():
-        for p in policy.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
-    policy.save_pretrained(tmp_path / "policy")
-    AutoTokenizer.from_pretrained(WARM_START).save_pretrained(tmp_path / "policy")
     with refusing_proxy(server) as proxy:
-        steps = _train(tmp_path, proxy.url, addition, 1, model=str(tmp_path / "policy"), max_steps=4,
+        steps = _train(tmp_path, proxy.url, addition, 1, model=_far_policy(tmp_path), max_steps=4,
                        partial_rollouts=True, max_response_length=96)
     assert len(steps) == 4 and all(h["async/staleness_max"] <= 1 for h in steps)
     assert proxy.refused > 0  # requests did arrive during pauses, and were refused

@@ -65,6 +65,17 @@ def test_cpu_mode_figures_are_measured(cpu_mode):
         assert "nan" not in figures[section], (section, figures[section])
 
 
+def test_both_modes_size_every_section():
+    """A section missing from a mode's limits would stop the whole GPU run (read only there)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    assert set(gpu_check.GPU.limits) == set(gpu_check.CPU.limits) == set(gpu_check.SECTIONS)
+    assert sum(gpu_check.GPU.limits[name] for name in IN_SUITE if name in gpu_check.GPU.limits) > 0
+
+
 def test_gpu_mode_without_a_gpu_and_unknown_sections_are_refused(tmp_path):
     script = str(REPO / "scripts" / "gpu_check.py")
     unknown = subprocess.run([sys.executable, script, "--cpu", "--only", "grpo"], capture_output=True, text=True)

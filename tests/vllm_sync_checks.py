@@ -45,6 +45,11 @@ def counted(kind, function):
     return wrapper
 
 
+reload_package = importlib.import_module("vllm.model_executor.model_loader.reload")
+if hasattr(reload_package, "start_reload"):  # 0.34: start_reload/finish_reload wrap the layerwise functions
+    counted_names = (("start_reload", "open"), ("finish_reload", "finalize"))
+else:  # 0.32, 0.33
+    counted_names = (("initialize_layerwise_reload", "open"), ("finalize_layerwise_reload", "finalize"))
 for module_name in ("vllm.model_executor.model_loader.reload", "vllm.model_executor.model_loader.reload.layerwise",
                     "vllm.model_executor.model_loader.reload.inplace",
                     "vllm.model_executor.model_loader.reload.lifecycle"):
@@ -52,8 +57,7 @@ for module_name in ("vllm.model_executor.model_loader.reload", "vllm.model_execu
         module = importlib.import_module(module_name)
     except ImportError:
         continue
-    for name, kind in (("initialize_layerwise_reload", "open"), ("start_reload", "open"),
-                       ("finalize_layerwise_reload", "finalize"), ("finish_reload", "finalize")):
+    for name, kind in counted_names:
         if hasattr(module, name):
             setattr(module, name, counted(kind, getattr(module, name)))
 

@@ -158,7 +158,7 @@ def _vllm_supported() -> bool:
 
     try:
         check_vllm_version()
-    except (ImportError, RuntimeError) as e:
+    except Exception as e:  # noqa: BLE001 - also a vLLM that fails to import (ABI): 'auto' then uses HF generate
         logger.warning("rollout_engine='auto' samples with HF generate: %s", e)
         return False
     return True

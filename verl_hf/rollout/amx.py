@@ -113,7 +113,7 @@ def plugin_missing() -> str | None:
     return None
 
 
-@guarded_plugin
+@guarded_plugin(version_gated=False)  # a syscall: the same on any vLLM
 def vllm_plugin() -> None:
     """vLLM general plugin (setup.cfg entry point): ask for AMX in each process vLLM starts. A refusal is
     reported and left to the dtype check of whoever started vLLM (`verl-hf vllm-serve`, VLLMEngine): fp32 runs

@@ -208,6 +208,9 @@ class VLLMEngine(RolloutEngine):
         if pixels and not self.accepts_images:
             raise ValueError("this vLLM engine was built without the policy's processor and takes no images; build "
                              "it with VLLMEngine(..., processor=processor).")
+        if self._updating:  # modules not loaded yet sit on the meta device until the update is finalized
+            raise RuntimeError("this vLLM engine is inside a weight update (a sync stopped before finish_sync): sync "
+                               "again (Actor.sync_weights) before sampling.")
         n = params.num_return_sequences
         base = dict(sampling_fields(params, self.eos_token_ids), detokenize=False)
         seeds = request_seeds(params, len(prompt_ids))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 
 import torch
 
@@ -40,13 +41,35 @@ def begin_update(worker) -> None:
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader import reload
 
-    _, model, vllm_config = _worker_parts(worker)
+    if os.environ.get("VLLM_RELOAD_MODE", "layerwise") == "direct":
+        # 0.34's direct mode zeroes padded parameters whole and expects them sent again: a sync that leaves frozen
+        # layers where they are (sync/plugin.py training_layers) would leave a padded embedding zeroed.
+        raise RuntimeError("VLLM_RELOAD_MODE=direct: vLLM's direct reload expects every weight in every update, and a "
+                           "sync sends only the layers that train; unset VLLM_RELOAD_MODE (layerwise, the default).")
+    inner, model, vllm_config = _worker_parts(worker)
     _quiet_about_buffer_only_modules(model)
+    inner._verl_hf_update = _lend_kv_cache(inner, model)  # closed by end_update
     with set_current_vllm_config(vllm_config):
         if hasattr(reload, "start_reload"):  # 0.34
             reload.start_reload(model)
         else:  # 0.32, 0.33
             reload.initialize_layerwise_reload(model)
+
+
+def _lend_kv_cache(inner, model) -> contextlib.ExitStack:
+    """0.34's worker lends an extensible KV cache's memory to a weight update (its reload_weights wraps the reload
+    in `kv_cache_lent_for_weight_update`: on CUDA that cache is on by default without kv_cache_memory_bytes, and
+    leaves too little free memory for the layerwise buffers otherwise); the same loan, held for the whole update.
+    Nothing on 0.32/0.33."""
+    stack = contextlib.ExitStack()
+    try:
+        from vllm.v1.worker.extensible_kv_cache import kv_cache_lent_for_weight_update
+    except ImportError:
+        return stack
+    stack.enter_context(kv_cache_lent_for_weight_update(
+        getattr(inner.model_runner, "extensible_kv_cache", None), model,
+        reclaimable=getattr(inner, "_kv_cache_reclaimable", False), fail_if_short=True))
+    return stack
 
 
 def _mtp_check_off():
@@ -94,7 +117,8 @@ class _BufferOnlyWarnings(logging.Filter):
     """vLLM's finalize warns "<Class>: Failed to load weights" for every module that got nothing, including those
     holding buffers only (RotaryEmbedding's cos/sin cache): they are computed from the config, are in no
     checkpoint, and vLLM rightly puts them back as they were. Those warnings, once per sync, would read as an
-    error; warnings about modules with parameters still show."""
+    error; warnings about modules with parameters still show. Keyed by class name, for this process: a class
+    seen buffer-only in a served model is quiet in every model of the process."""
 
     def __init__(self):
         super().__init__()
@@ -122,12 +146,14 @@ def end_update(worker) -> None:
     from vllm.model_executor.model_loader import reload
 
     inner, model, vllm_config = _worker_parts(worker)
-    with set_current_vllm_config(vllm_config):
+    loan = getattr(inner, "_verl_hf_update", None) or contextlib.ExitStack()
+    with loan, set_current_vllm_config(vllm_config):
         if hasattr(reload, "finish_reload"):  # 0.34: the device rule of its reload/inplace.py
             device = torch.device(vllm_config.load_config.device or vllm_config.device_config.device)
             reload.finish_reload(model, vllm_config.model_config, device)
         else:  # 0.32, 0.33
             reload.finalize_layerwise_reload(model, vllm_config.model_config)
+    inner._verl_hf_update = None
     runner = inner.model_runner
     for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
         if hasattr(runner, reset):

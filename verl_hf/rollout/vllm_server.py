@@ -58,8 +58,9 @@ class VLLMServerEngine(RolloutEngine):
         images (rollout/vllm_vision.py); the server must serve that processor with the model."""
         self.url, self.timeout_s = url.rstrip("/"), timeout_s
         self.pad_token_id, self.eos_token_ids = pad_token_id, list(eos_token_ids)
-        vllm_config = self._call("GET", "/server_info?config_format=json")["vllm_config"]
+        # /version first: every vLLM serves it, and an unsupported one is named before its other routes are asked
         check_vllm_version(str(self._call("GET", "/version").get("version")), where=f"the server at {self.url}")
+        vllm_config = self._call("GET", "/server_info?config_format=json")["vllm_config"]
         model, parallel = vllm_config["model_config"], vllm_config["parallel_config"]
         _check_server(model, vllm_config.get("weight_transfer_config"), max_model_len, self.url)
         self.model_name = (model.get("served_model_name") or model["model"])
@@ -341,7 +342,8 @@ PAUSED_RETRY_FIRST_S, PAUSED_RETRY_MAX_S = 0.02, 0.25  # a pause for weights las
 
 
 class ServerRefused(RuntimeError):
-    """The server refused a request for now (HTTP 503): vLLM 0.33+ does so for new requests while paused."""
+    """The server refused a request while paused (HTTP 503, "Generation is paused"): vLLM 0.33+ does so for new
+    requests from /pause until /resume."""
 
 
 def server_call(url: str, method: str, route: str, body: dict | None, timeout_s: float,
@@ -359,7 +361,9 @@ def server_call(url: str, method: str, route: str, body: dict | None, timeout_s:
         if e.code == 404 and route.split("?")[0] in ("/server_info", "/start_weight_update"):
             raise RuntimeError(f"The vLLM server at {url} has no {route.split('?')[0]} route: it was started without "
                                f"VLLM_SERVER_DEV_MODE=1, which enables the weight-transfer routes; {START_HINT}.") from e
-        error = ServerRefused if e.code == 503 else RuntimeError
+        # vLLM 0.33+ refuses during a pause with "Generation is paused. Please retry after it resumes."; other 503s
+        # (a full queue, a faulted engine) are not waited out
+        error = ServerRefused if e.code == 503 and "generation is paused" in said.lower() else RuntimeError
         raise error(f"The vLLM server at {url} answered {method} {route} with {e.code}: {said}") from e
     except TimeoutError as e:
         raise TimeoutError(f"The vLLM server at {url} did not answer {method} {route} within {fields[1]}={timeout_s}; "

