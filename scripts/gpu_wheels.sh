@@ -41,6 +41,7 @@ PACKAGES=(
     "hjson==$(version hjson)" "msgpack==$(version msgpack)" "ninja==$(version ninja)" "einops==$(version einops)"
     "py-cpuinfo==$(version py-cpuinfo)" "pydantic==$(version pydantic)" "pydantic-core==$(version pydantic-core)"
     "annotated-types==$(version annotated-types)" "typing-inspection==$(version typing-inspection)"  # deepspeed
+    "typing-extensions==$(version typing-extensions)"  # pydantic 2.14 wants one newer than torch needs (>=4.16)
 )
 # PIP_CONSTRAINT="": the machine-wide constraint file caps torch for this machine's own installs; none applies here.
 PIP_CONSTRAINT="" "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
