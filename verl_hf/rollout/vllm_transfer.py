@@ -30,7 +30,8 @@ TRANSPORTS = ("nccl", GLOO_BACKEND)
 
 @guarded_plugin
 def register() -> None:
-    """vLLM plugin entry point (runs in every vLLM process; with an unsupported vLLM it does nothing, vllm_version.py): make `verl_hf_gloo` a weight-transfer backend, give
+    """vLLM plugin entry point (runs in every vLLM process; under an unsupported vLLM it does nothing,
+    vllm_version.py): make `verl_hf_gloo` a weight-transfer backend, give
     the workers `verl_hf_parameter_names` and the adapter methods (reached through the server's /collective_rpc
     route), and let vLLM's adapter reader take adapters sent from memory (vllm_lora.py)."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
@@ -107,9 +108,8 @@ def _worker_engine_class():
     """Defined lazily: the base classes live in vLLM, which the trainer side does not need for gloo."""
     from vllm.distributed.weight_transfer.base import (WeightTransferEngine, WeightTransferInitInfo,
                                                        WeightTransferUpdateInfo)
-    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
-
     from .vllm_compat import check_cpu_moe_reloadable, repack_cpu_moe
+    from .vllm_reload import close_reload, open_reload
 
     @dataclass
     class GlooInitInfo(WeightTransferInitInfo):
@@ -138,10 +138,10 @@ def _worker_engine_class():
                                     init_info.rank_offset + worker, init_info.world_size)
 
         def start_weight_update(self) -> None:
-            initialize_layerwise_reload(self.model)
+            open_reload(self.model)
 
         def finish_weight_update(self) -> None:
-            finalize_layerwise_reload(self.model, self.model_config)
+            close_reload(self.model, self.model_config, self.device)
             repack_cpu_moe(self.model)  # the trainer pushes every weight in every update (see vllm_compat)
 
         def update_weights(self, update_info: dict) -> None:

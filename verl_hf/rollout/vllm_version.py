@@ -38,9 +38,10 @@ INSTALL_HINT = (f"vLLM is not installed: `{INSTALL_GPU}` from a clone of verl_hf
                 f"{SUPPORTED_VLLM_RANGE}), `{INSTALL_CPU}` on CPU-only ones (see README, Installation).")
 
 
-def unsupported_reason(version: str | None) -> str | None:
+def unsupported_reason(version: str | None, where: str = "is installed") -> str | None:
     """Why this vLLM version cannot serve verl_hf (one line with the range and the install command), else None.
-    Local and development builds count as their release (0.34.1.dev3+gabc and 0.32.0+cpu are in range)."""
+    `where`: whose vLLM it is, as the message says it. Local and development builds count as their release
+    (0.34.1.dev3+gabc and 0.32.0+cpu are in range)."""
     try:
         release = Version(str(version))
     except InvalidVersion:
@@ -48,7 +49,7 @@ def unsupported_reason(version: str | None) -> str | None:
                 f"{SUPPORTED_VLLM_RANGE}: `{INSTALL_GPU}` (GPU) or `{INSTALL_CPU}` (CPU).")
     if SUPPORTED_VLLM.contains(release.base_version, prereleases=True):
         return None
-    return (f"vLLM {version} is installed; verl_hf supports vLLM {SUPPORTED_VLLM_RANGE} (the releases whose weight reload, "
+    return (f"vLLM {version} {where}; verl_hf supports vLLM {SUPPORTED_VLLM_RANGE} (the releases whose weight reload, "
             f"pause and transfer semantics it handles): `{INSTALL_GPU}` from a clone (GPU) or `{INSTALL_CPU}` (CPU); "
             f"{ALLOW_UNSUPPORTED}=1 tries this one anyway.")
 
@@ -62,15 +63,13 @@ def installed_vllm_version() -> str:
     return getattr(vllm, "__version__", None) or "unknown"
 
 
-def check_vllm_version(version: str | None = None, where: str = "installed") -> None:
+def check_vllm_version(version: str | None = None, where: str = "is installed") -> None:
     """Refuse (RuntimeError, one line) a vLLM outside SUPPORTED_VLLM, unless ALLOW_UNSUPPORTED is set (then a
     warning). `version`: the one to judge (default: the installed one); `where`: whose it is, for the message."""
     version = installed_vllm_version() if version is None else version
-    reason = unsupported_reason(version)
+    reason = unsupported_reason(version, where)
     if reason is None:
         return
-    if where != "installed":
-        reason = reason.replace(f"vLLM {version} is installed", f"vLLM {version} runs {where}", 1)
     if os.environ.get(ALLOW_UNSUPPORTED) == "1":
         logger.warning("%s (%s=1: going on)", reason, ALLOW_UNSUPPORTED)
         return
