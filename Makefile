@@ -41,7 +41,8 @@ test: install $(VENV)/.installed-vllm
 UNIT_TESTS := tests/test_algorithms.py tests/test_advantages_more.py tests/test_turn_credit.py tests/test_policy_losses.py \
 	tests/test_registry.py tests/test_kl_control.py tests/test_lagrangian.py tests/test_linear_logprobs.py \
 	tests/test_rollout_correction.py tests/test_off_policy.py tests/test_distill.py tests/test_dataset_answers.py tests/test_vocabulary.py tests/test_batch.py tests/test_state.py tests/test_data.py \
-	tests/test_rewards.py tests/test_rewards_calling.py tests/test_verifiers.py tests/test_sandbox.py tests/test_vision_inputs.py \
+	tests/test_rewards.py tests/test_rewards_calling.py tests/test_reward_contract.py tests/test_trl_names.py \
+	tests/test_verifiers.py tests/test_sandbox.py tests/test_vision_inputs.py \
 	tests/test_errors.py::test_config_rejects tests/test_errors.py::test_config_rejects_more \
 	tests/test_errors.py::test_a_new_conditional_setting_is_one_declaration \
 	tests/test_bad_inputs.py::test_bad_config_is_refused_with_the_fix

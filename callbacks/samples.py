@@ -3,7 +3,8 @@
 Writes prompt, completion (with `reasoning_format`: also its reasoning and content apart), reward (and each
 reward function's score), advantage and cost (Safe-RLHF) of the
 first `num_samples` rows of the latest rollout round (multi-turn: also the whole conversation, the tool
-calls' outcomes and the environment's turn rewards, and the reward counts them) to `<output_dir>/completions/`: one JSONL file appended
+calls' outcomes and the environment's turn rewards, and the reward counts them; and every column the reward
+functions added with `log_extra`) to `<output_dir>/completions/`: one JSONL file appended
 at every log (`samples.jsonl`) and/or one parquet file per logging step. When the run reports to tensorboard,
 wandb or trackio, the same rows go there as a table.
 
@@ -74,7 +75,9 @@ def sample_rows(batch, reward_names: list[str], step: int, count: int,
             row.update(reasoning=split["reasoning"][i], content=split["contents"][i])
         if batch.costs is not None:
             row["cost"] = float(batch.costs[i])
-        rows.append({**row, **_conversation_fields(batch, i)})
+        # the columns reward functions added with log_extra (TRL's contract); ours win a clash of names
+        logged = {k: _cell(v[i]) for k, v in getattr(batch, "logged_columns", {}).items() if k not in row}
+        rows.append({**logged, **row, **_conversation_fields(batch, i)})
     return rows
 
 
@@ -86,7 +89,17 @@ def parquet_schema(rows: list[dict]):
     types = {"step": pa.int64(), "prompt": pa.string(), "completion": pa.string(), "conversation": pa.string(),
              "reasoning": pa.string(), "content": pa.string(),
              "tool_statuses": pa.list_(pa.string()), "turn_rewards": pa.list_(pa.float64())}
-    return pa.schema([(name, types.get(name, pa.float64())) for name in rows[0]])
+    text = {name for row in rows for name, value in row.items() if isinstance(value, str)}  # log_extra's text
+    return pa.schema([(name, types.get(name, pa.string() if name in text else pa.float64())) for name in rows[0]])
+
+
+def _cell(value):
+    """A log_extra value as a table cell: a number as float, text as is, anything else as JSON text."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (bool, int, float)):
+        return float(value)
+    return _json(value)
 
 
 def _conversation_fields(batch, i: int) -> dict:

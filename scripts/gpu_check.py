@@ -617,8 +617,8 @@ def lora_adapter(check: Check):
 
 def start_server(check: Check) -> str:
     """One `verl-hf vllm-serve` for the server sections, on the check's model. GPU: the same device as the trainer,
-    so the gloo transport (one GPU cannot host both ends of an NCCL group; README); with two GPUs the server
-    takes the second and NCCL."""
+    so CUDA IPC (one GPU cannot host both ends of an NCCL group; README); with two GPUs the server takes the
+    second and NCCL (packed)."""
     import torch
 
     port, log = free_port(), check.out / "server.log"
@@ -631,7 +631,7 @@ def start_server(check: Check) -> str:
         cmd += ["--transfer", "nccl", "--gpu-memory-utilization", "0.5"]
         env["CUDA_VISIBLE_DEVICES"] = "1"
     else:
-        cmd += ["--transfer", "verl_hf_gloo", "--gpu-memory-utilization", "0.3"]
+        cmd += ["--transfer", "ipc", "--gpu-memory-utilization", "0.3"]
     with open(log, "w") as out:
         check.server = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
                                         env={**os.environ, **env})

@@ -114,7 +114,9 @@ def chat_prompts(num: int = 64):
 
 def digit_share(completions, **kwargs) -> list[float]:
     """A reward that a random model's samples already vary in (so that GRPO's advantages are not all zero)."""
-    return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
+    from verl_hf.rewards import completion_texts  # chat prompts give message lists (TRL's contract)
+
+    return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completion_texts(completions)]
 
 
 def check(path: str, out_dir: Path, lora_targets: list[str] | None = None, **overrides) -> dict:

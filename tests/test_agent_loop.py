@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from verl_hf.rewards import completion_text
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -358,7 +360,8 @@ def test_ppo_with_a_critic_and_kl_in_the_reward_trains_on_conversations(tool_mod
                         max_response_length=120, max_turn_length=16, per_device_train_batch_size=8, num_generations=1,
                         adv_estimator="gae", critic_learning_rate=1e-3, use_kl_in_reward=True, kl_coef=0.05)
     trainer = VerlTrainer(model=path, args=args, train_dataset=data, environment=CountingGame,
-                          reward_funcs=[lambda completions, **kw: [float(len(c) % 2) for c in completions]])
+                          reward_funcs=[lambda completions, **kw: [float(len(completion_text(c)) % 2)
+                                                                   for c in completions]])
     seen = record_rounds(monkeypatch)
     trainer.train()
     env = seen[0].env_mask.bool()

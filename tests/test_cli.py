@@ -144,3 +144,56 @@ def test_a_flag_says_null_as_the_yaml_does():
     assert script.dataset_test_split is None and cfg.clip_ratio_low is None
     with pytest.raises(ValueError, match="--max_steps null: max_steps cannot be None"):
         parse_config(str(DEMO_CONFIG), ["--max_steps", "null"])
+
+
+def _cli(args: list[str], **env) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([sys.executable, "-m", "verl_hf.cli", *args], capture_output=True, text=True, timeout=300,
+                          cwd=REPO, env={**os.environ, **env})
+
+
+@pytest.mark.parametrize("args, env, says", [
+    (["train", str(DEMO_CONFIG), "--num_generation", "8"], {},
+     "unknown flag --num_generation (did you mean '--num_generations'?)"),
+    (["train", "{bad_yaml}"], {}, "{bad_yaml}:2: num_generations: invalid int value: 'eight'"),
+    (["train", "--model_name_or_path", "Qwen/Qwen2.5-0.5B-Instruct", "--dataset_name", "verl_hf:addition",
+      "--output_dir", "{tmp}"], {"HF_HUB_OFFLINE": "1"},
+     "model='Qwen/Qwen2.5-0.5B-Instruct' is a Hub id, and HF_HUB_OFFLINE is set while it is not in the local Hub "
+     "cache"),
+])
+def test_a_command_line_mistake_is_two_lines_and_status_2(args, env, says, tmp_path):
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("base_config: demo\nnum_generations: eight\n")
+    args = [a.format(bad_yaml=bad_yaml, tmp=tmp_path) for a in args]
+    result = _cli(args, **env)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) <= 2, result.stderr[-3000:]
+    assert says.format(bad_yaml=bad_yaml) in lines[0], lines
+
+
+def test_more_command_line_mistakes_are_named(tmp_path, capsys):
+    cases = [(["train", str(DEMO_CONFIG), "--max_steps", "x"], "--max_steps: invalid int value: 'x'"),
+             (["train", str(DEMO_CONFIG), "--bogus_flag", "1"], "unknown flag --bogus_flag;"),
+             (["train", str(DEMO_CONFIG), "--loss_type", "dr_grpo"], "loss_type='dr_grpo' is TRL's GRPOConfig"),
+             (["train"], "verl-hf train needs a config file"),
+             (["train", str(DEMO_CONFIG), "--config", str(DEMO_CONFIG)], "takes one config file"),
+             (["train", "--config"], "--config needs a file")]
+    for args, says in cases:
+        assert main(args) == 2, args
+        err = capsys.readouterr().err
+        assert says in err and len(err.strip().splitlines()) == 2, (args, err)
+
+
+def test_train_takes_trls_config_flag_and_names_and_a_run_from_flags_alone(tmp_path):
+    from verl_hf.cli import _train_config
+
+    assert _train_config(["--config", "a.yaml", "--max_steps", "3"]) == ("a.yaml", ["--max_steps", "3"])
+    assert _train_config(["--max_steps", "3", "--config=a.yaml"]) == ("a.yaml", ["--max_steps", "3"])
+    assert _train_config(["--model_name_or_path", "m"]) == (None, ["--model_name_or_path", "m"])
+    script, config = parse_config(None, ["--model_name_or_path", "demo", "--dataset_name", "verl_hf:addition",
+                                         "--output_dir", str(tmp_path), "--beta", "0.04",
+                                         "--max_completion_length=32", "--use_cpu", "true"])
+    assert script.model_name_or_path == "demo" and (config.kl_coef, config.max_response_length) == (0.04, 32)
+    with pytest.raises(ValueError, match="unknown flag --num_generation "):
+        parse_config(str(DEMO_CONFIG), ["--num_generation", "8"])  # no prefix matching

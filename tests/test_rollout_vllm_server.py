@@ -193,6 +193,13 @@ def test_server_errors_name_the_fix(server, tmp_path):
     model_, tokenizer = _policy(0.0, seed=0)
     with pytest.raises(ConnectionError, match="No vLLM server answers at vllm_server_url=http://127.0.0.1:"):
         _engine(f"http://127.0.0.1:{_free_port()}", model_, tokenizer)
+    # The workers name their GPUs through our plugin (none here): a CUDA-IPC server is refused before any transfer
+    engine = _engine(server, model_, tokenizer)
+    engine.transport = "ipc"
+    with pytest.raises(RuntimeError, match=r"\(ipc transport, workers on \[None\]\) needs this process on a GPU, "
+                                           r"and it is not: run the trainer on a GPU, or start the server with "
+                                           r"--transfer verl_hf_gloo\."):
+        engine.prepare_for_weights()
     with pytest.raises(ValueError, match="needs vllm_server_url='http://HOST:PORT'"):
         VerlConfig(output_dir=str(tmp_path), rollout_engine="vllm_server", use_cpu=True)
     with pytest.raises(ValueError, match="rollout_tensor_parallel_size=2 takes effect only when "

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+from verl_hf.rewards import completion_texts
 import torch
 from datasets import Dataset
 from PIL import Image
@@ -30,7 +32,8 @@ def says_the_color(completions, answer, images, **kwargs):
     """1 where the completion names the picture's color, else a little for each letter of the picture's color
     it holds (a random model's groups differ); reads the images column as reward functions may."""
     assert all(isinstance(row[0], Image.Image) for row in images)
-    return [1.0 if a in c else 0.1 * sum(ch in c for ch in a) for c, a in zip(completions, answer)]
+    texts = completion_texts(completions)  # chat prompts: each completion is a message list (TRL's contract)
+    return [1.0 if a in c else 0.1 * sum(ch in c for ch in a) for c, a in zip(texts, answer)]
 
 
 @pytest.fixture(scope="module")

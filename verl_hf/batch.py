@@ -28,6 +28,11 @@ class RolloutBatch:
     prompts: list = field(default_factory=list)
     completions: list[str] = field(default_factory=list)
     columns: dict[str, list] = field(default_factory=dict)
+    # Multi-turn rows: each row's messages after its prompt, its `completions` entry for reward functions (TRL's
+    # contract, rewards/contract.py); [] for single-turn rows, whose messages are built from the text.
+    completion_messages: list = field(default_factory=list)
+    # What reward functions passed to `log_extra`: {column: one value per row}, for CompletionSamplesCallback.
+    logged_columns: dict[str, list] = field(default_factory=dict)
     # Vision-language rows: each row's pixel inputs (vision.RowPixels, None for a row without images), joined
     # per micro-batch in row order, never sliced (verl_hf/vision/inputs.py); [] when no row has images.
     pixels: list = field(default_factory=list)
@@ -191,8 +196,10 @@ def concat_batches(batches: list[RolloutBatch], pad_token_id: int) -> RolloutBat
             merged[f.name] = torch.cat(values)
         elif isinstance(values[0], list):  # a batch without images has pixels [] where another has one per row
             merged[f.name] = [x for v, b in zip(values, batches) for x in (v or [None] * len(b))] if any(values) else []
-        elif isinstance(values[0], dict):
-            merged[f.name] = {k: [x for v in values for x in v[k]] for k in values[0]}
+        elif isinstance(values[0], dict):  # a column one batch lacks is None in its rows
+            keys = dict.fromkeys(k for v in values for k in v)
+            merged[f.name] = {k: [x for v, b in zip(values, batches) for x in v.get(k, [None] * len(b))]
+                              for k in keys}
     return RolloutBatch(**merged)
 
 

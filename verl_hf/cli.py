@@ -1,4 +1,4 @@
-"""`verl-hf`: `train CONFIG.yaml [--field value ...]`, `demo [--task tools|tools-qwen3|tools-mistral|vision|distill]
+"""`verl-hf`: `train CONFIG.yaml [--field value ...]` (or `train --config CONFIG.yaml ...`, or flags alone), `demo [--task tools|tools-qwen3|tools-mistral|vision|distill]
 [--field value ...]`, `env`, `vllm-serve MODEL`.
 
 A YAML file sets any `VerlConfig` / `ScriptArguments` field; flags after it override single fields.
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -35,38 +36,115 @@ class UsageError(ValueError):
 
 
 def parse_config(config_path: str | None, overrides: list[str]):
-    """(ScriptArguments, VerlConfig) from a YAML file and `--field value` overrides (overrides win)."""
-    from transformers import HfArgumentParser
-
+    """(ScriptArguments, VerlConfig) from a YAML file and `--field value` overrides (overrides win). TRL's
+    GRPOConfig names are taken in both (config/trl_names.py); a mistake is a UsageError that names the file and
+    line, or the flag."""
     from .config import VerlConfig
     from .runner import ScriptArguments
 
-    parser = HfArgumentParser((ScriptArguments, VerlConfig))
+    dtypes = (ScriptArguments, VerlConfig)
+    parser = _Parser(dtypes)
     values = load_yaml(config_path) if config_path else {}
-    known = {f.name for dtype in (ScriptArguments, VerlConfig) for f in fields(dtype) if f.init}
+    known = {f.name for dtype in dtypes for f in fields(dtype) if f.init}
+    values = _translated(values, str(config_path))
     unknown = sorted(set(values or {}) - known)
     if unknown:
-        import difflib
-
-        hints = [f"{name!r} (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(name, known, n=1))
-                 else repr(name) for name in unknown]
+        hints = [f"{name!r}{_did_you_mean(name, known)}" for name in unknown]
         raise UsageError(f"{config_path}: unknown field(s) {', '.join(hints)}; `verl-hf train --help` lists the "
                          f"valid ones.")
+    overrides = _translated_flags(list(overrides), known)
     # YAML values go through the same argument parser as flags (so "1e-5" becomes a float, lists and
     # booleans get their field types); flags after the file come later and win. YAML nulls are set after.
-    overrides, nulls = _flags_set_to_null(list(overrides), (ScriptArguments, VerlConfig))
-    namespace = parser.parse_args(_as_argv(values) + overrides)
+    overrides, nulls = _flags_set_to_null(list(overrides), dtypes)
     given = {arg.lstrip("-").split("=")[0] for arg in overrides if arg.startswith("--")}
+    parser.sources = {key: _yaml_place(config_path, key) for key in values if key not in given}
+    namespace = parser.parse_args(_as_argv(values) + overrides)
     for key, value in values.items():
         if value is None and key not in given:
             setattr(namespace, key, None)
     for key in nulls:
         setattr(namespace, key, None)
     outputs = []
-    for dtype in (ScriptArguments, VerlConfig):
+    for dtype in dtypes:
         names = {f.name for f in fields(dtype) if f.init}
         outputs.append(dtype(**{k: v for k, v in vars(namespace).items() if k in names}))
     return tuple(outputs)
+
+
+def _parser_class():
+    from transformers import HfArgumentParser
+
+    class Parser(HfArgumentParser):
+        """HfArgumentParser without prefix matching (`--num_generation` is not `--num_generations`), whose
+        mistakes are one UsageError naming the YAML file and line or the flag, never the usage text. `sources`:
+        field -> where the file set it."""
+
+        def __init__(self, dtypes):
+            super().__init__(dtypes, prog="verl-hf train", allow_abbrev=False)
+            self.sources: dict[str, str] = {}
+
+        def error(self, message: str):
+            match = re.match(r"argument --(\w+)(?:/[^:]*)?: (.*)", message)
+            if match and match.group(1) in self.sources:
+                raise UsageError(f"{self.sources[match.group(1)]}: {match.group(1)}: {match.group(2)}")
+            if match:
+                raise UsageError(f"--{match.group(1)}: {match.group(2)}")
+            raise UsageError(message)
+
+    return Parser
+
+
+def _Parser(dtypes):
+    return _parser_class()(dtypes)
+
+
+def _did_you_mean(name: str, known, prefix: str = "") -> str:
+    """" (did you mean 'x'?)" among our names and TRL's (written with `prefix`, e.g. "--"), or ""."""
+    import difflib
+
+    from .config.trl_names import REFUSED, RENAMED, TRANSLATED
+
+    close = difflib.get_close_matches(name, [*known, *RENAMED, *REFUSED, *TRANSLATED], n=1)
+    return f" (did you mean {prefix + close[0]!r}?)" if close else ""
+
+
+def _translated(values: dict, where: str) -> dict:
+    from .config.trl_names import translate_trl_names
+
+    try:  # TRL's GRPOConfig names: ours in their place, or why not
+        return translate_trl_names(values, where=where)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def _translated_flags(overrides: list[str], known: set) -> list[str]:
+    """The flags with TRL's names given as ours (their values read as YAML reads them); an unknown flag is a
+    UsageError with the closest name, ours or TRL's."""
+    import yaml
+
+    from .config.trl_names import REFUSED, RENAMED, TRANSLATED
+
+    trl, rest, i = {}, [], 0
+    while i < len(overrides):
+        arg = overrides[i]
+        key, eq, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
+        if key and key not in known and key not in (*RENAMED, *REFUSED, *TRANSLATED, "help"):
+            raise UsageError(f"unknown flag --{key}{_did_you_mean(key, known, '--')}; `verl-hf train --help` lists "
+                             f"them.")
+        if key in (*RENAMED, *REFUSED, *TRANSLATED):
+            if not eq:
+                i += 1
+                value = overrides[i] if i < len(overrides) else ""
+            trl[key] = yaml.safe_load(value) if value else None
+        else:
+            rest.append(arg)
+        i += 1
+    return rest + _as_argv(_translated(trl, "the command line")) if trl else rest
+
+
+def _yaml_place(config_path, key: str) -> str:
+    """Where the file (or its base_config) sets `key`: "file:line"."""
+    return yaml_lines(config_path).get(key, str(config_path))
 
 
 def _flags_set_to_null(overrides: list[str], dtypes) -> tuple[list[str], list[str]]:
@@ -134,6 +212,23 @@ def load_yaml(path: str | Path) -> dict:
     if not base_path.exists():
         raise UsageError(f"{path}: base_config {base!r} not found at {base_path}.")
     return {**load_yaml(base_path), **values}
+
+
+def yaml_lines(path) -> dict[str, str]:
+    """Top-level key -> "file:line" where a config (with its base_config chain) sets it last."""
+    import yaml
+
+    try:
+        node = yaml.compose(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    places = {}
+    for key, value in getattr(node, "value", []) if isinstance(node, yaml.MappingNode) else []:
+        places[key.value] = f"{path}:{key.start_mark.line + 1}"
+        if key.value == "base_config":
+            base = DEMO_CONFIG if value.value == "demo" else Path(path).parent / value.value
+            places = {**yaml_lines(base), **places}
+    return places
 
 
 def env_report() -> str:
@@ -216,11 +311,7 @@ def _run_command(argv: list[str]) -> int:
 
         return serve(rest)
     if command == "train":
-        if not rest or rest[0].startswith("-"):
-            if rest and rest[0] in ("-h", "--help"):
-                parse_config(None, ["--help"])
-            raise UsageError("verl-hf train needs a config file: verl-hf train examples/configs/demo.yaml")
-        config_path, rest = rest[0], rest[1:]
+        config_path, rest = _train_config(rest)
     elif command == "demo":
         config_path, rest = _demo_config(rest)
         if config_path == str(DEMO_TASKS["distill"]):  # two runs: the teacher's (GRPO) and the distillation
@@ -235,6 +326,29 @@ def _run_command(argv: list[str]) -> int:
     summary = run_training(*parse_config(config_path, rest))
     print("summary:", summary)
     return 0
+
+
+def _train_config(rest: list[str]) -> tuple[str | None, list[str]]:
+    """`train CONFIG [flags]`, `train --config CONFIG [flags]` (TRL's form) or `train --field value ...` alone
+    (no file: model and dataset by flag, `--model_name_or_path` and `--dataset_name`)."""
+    if rest and rest[0] in ("-h", "--help"):
+        parse_config(None, ["--help"])
+    given = [i for i, arg in enumerate(rest) if arg == "--config" or arg.startswith("--config=")]
+    if len(given) > 1 or (given and rest and not rest[0].startswith("-")):
+        raise UsageError("verl-hf train takes one config file: `verl-hf train CONFIG` or `--config CONFIG`.")
+    if given:
+        i = given[0]
+        inline = "=" in rest[i]
+        path = rest[i].split("=", 1)[1] if inline else (rest[i + 1] if i + 1 < len(rest) else "")
+        if not path or path.startswith("--"):
+            raise UsageError("--config needs a file: verl-hf train --config examples/configs/demo.yaml")
+        return path, rest[:i] + rest[i + (1 if inline else 2):]
+    if rest and not rest[0].startswith("-"):
+        return rest[0], rest[1:]
+    if not rest:
+        raise UsageError("verl-hf train needs a config file (verl-hf train examples/configs/demo.yaml) or flags "
+                         "(verl-hf train --model_name_or_path MODEL --dataset_name DATASET ...).")
+    return None, rest
 
 
 def _demo_config(rest: list[str]) -> tuple[str, list[str]]:

@@ -33,6 +33,7 @@ def evaluate_rewards(actor, rewards: RewardStage, constraint, dataset, args, pre
     (`<prefix>_turns/mean`, `<prefix>_tool_calls/mean`, ...; the padding rows of uneven shards included).
     With a `teacher` (a TeacherPolicy), `<prefix>_distill_kl` is the mean over the evaluated response tokens of
     the exact KL(student || teacher) of their next-token distributions."""
+    logged = []  # (rows, what the reward functions passed to log_metric) per batch
     indices = list(range(args.process_index, len(dataset), args.world_size))
     per_rank, real = -(-len(dataset) // args.world_size), len(indices)
     indices += [indices[-1] if indices else 0] * (per_rank - real)
@@ -40,7 +41,9 @@ def evaluate_rewards(actor, rewards: RewardStage, constraint, dataset, args, pre
     for start in range(0, len(indices), args.per_device_eval_batch_size):
         rows = [dataset[i] for i in indices[start : start + args.per_device_eval_batch_size]]
         batch, rollout_metrics = generate(actor, rows, multi_turn, **sampling_kwargs(SamplingSettings.of(args), train=False))
-        scores += rewards.run(batch).per_function.tolist()
+        result = rewards.run(batch)
+        scores += result.per_function.tolist()
+        logged.append((len(batch), result.logged_metrics))
         lengths += batch.response_mask.sum(dim=1).float().tolist()
         costs += constraint.eval_costs(batch)
         turn_rewards += with_turn_rewards(torch.zeros(len(batch)), batch).tolist()
@@ -55,11 +58,13 @@ def evaluate_rewards(actor, rewards: RewardStage, constraint, dataset, args, pre
 
         scores, lengths, costs = gather_object(scores), gather_object(lengths), gather_object(costs)
         turn_rewards, rollout, kl_sums = gather_object(turn_rewards), gather_object(rollout), gather_object(kl_sums)
+        logged = gather_object(logged)
     per_function = torch.tensor(scores, dtype=torch.float32).view(-1, len(rewards.funcs))
     metrics = reward_metrics(per_function, rewards, args.eval_correct_threshold, prefix, torch.tensor(turn_rewards))
     metrics[f"{prefix}_response_length"] = sum(lengths) / max(len(lengths), 1)
     if multi_turn is not None:
         metrics.update(rollout_means(rollout, prefix))
+    metrics.update(logged_means(logged, prefix))
     if kl_sums:
         metrics[f"{prefix}_distill_kl"] = sum(kl for kl, _ in kl_sums) / max(sum(n for _, n in kl_sums), 1.0)
     return {**metrics, **per_function_metrics(per_function, rewards, prefix), **cost_metrics(costs, prefix)}
@@ -84,6 +89,14 @@ def rollout_means(rollout: list[tuple[int, dict]], prefix: str) -> dict[str, flo
     total = sum(count for count, _ in rollout)
     names = rollout[0][1] if rollout else {}
     return {f"{prefix}_{name}": sum(count * m[name] for count, m in rollout) / total for name in names}
+
+
+def logged_means(logged: list[tuple[int, dict]], prefix: str) -> dict[str, float]:
+    """What reward functions logged (`log_metric`) over the evaluation: each name's batch values weighted by the
+    rows of the batches that logged it."""
+    names = dict.fromkeys(name for _, m in logged for name in m)
+    return {f"{prefix}_{name}": sum(n * m[name] for n, m in logged if name in m) / sum(n for n, m in logged if name in m)
+            for name in names}
 
 
 def reward_metrics(per_function: torch.Tensor, rewards: RewardStage, threshold: float, prefix: str,

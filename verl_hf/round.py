@@ -142,6 +142,7 @@ class RoundBuilder:
             return batch
         with metrics.timer("reward"):
             batch.rewards, result, penalty = self.rewards.rewards(batch)
+        batch.logged_columns = result.logged_columns
         metrics.record({**result.metrics(), **episode_reward_metrics(batch, result.valid)})
         device = batch.response_mask.device
         batch.reward_per_function, batch.valid = result.per_function.to(device), result.valid.to(device)

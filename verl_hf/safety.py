@@ -94,16 +94,20 @@ class SafetyConstraint:
     def lagrange_lambda(self) -> float:
         return math.exp(self.log_lambda)
 
-    def costs(self, prompts, completions, completion_ids, columns) -> tuple[torch.Tensor, dict[str, float]]:
+    def costs(self, prompts, completions, completion_ids, columns,
+              completion_messages=None) -> tuple[torch.Tensor, dict[str, float]]:
         """(costs (B,): the sum of the cost functions, 0 where none judged a response; metrics). A cost function
-        that raises always stops training (reward_on_error does not apply): a failed check must not read as safe."""
+        that raises always stops training (reward_on_error does not apply): a failed check must not read as safe.
+        Cost functions get what reward functions get (rewards/contract.py), but no `trainer_state`."""
         result = score_completions(self.cost_funcs, None, prompts=prompts, completions=completions,
                                    completion_ids=completion_ids, columns=columns, on_error="raise",
-                                   require_scored=False, timeout_s=self.settings.reward_timeout_s)
+                                   require_scored=False, timeout_s=self.settings.reward_timeout_s,
+                                   completion_messages=completion_messages)
         costs = torch.nan_to_num(result.rewards, nan=0.0)
         metrics = {"cost/mean": costs.mean().item(), "cost/unsafe_rate": unsafe_rate(costs)}
         metrics.update({k.replace("reward/", "cost/", 1): v for k, v in result.metrics().items()
-                        if k.count("/") == 2})  # per-function means and error counts
+                        if k.count("/") == 2 and k not in result.logged_metrics})  # per-function means, errors
+        metrics.update(result.logged_metrics)  # what the cost functions logged, by their own names
         return costs, metrics
 
     # ---------------------------------------------------------------- the round builder's fixed points
@@ -112,7 +116,7 @@ class SafetyConstraint:
         gradient, no share in their group's baseline)."""
         with metrics.timer("cost"):
             costs, cost_metrics = self.costs(batch.prompts, batch.completions, batch.completion_ids(),
-                                             self._columns(batch))
+                                             self._columns(batch), batch.completion_messages or None)
         batch.costs = costs.to(batch.response_mask.device)
         metrics.record(cost_metrics)
         if self.settings.safety_filter_threshold is not None:
@@ -161,7 +165,8 @@ class SafetyConstraint:
         return [] if self.cost_critic is None else [(self.cost_critic, "cost_values", "cost_returns", "cost_critic")]
 
     def eval_costs(self, batch) -> list[float]:
-        return self.costs(batch.prompts, batch.completions, batch.completion_ids(), self._columns(batch))[0].tolist()
+        return self.costs(batch.prompts, batch.completions, batch.completion_ids(), self._columns(batch),
+                          batch.completion_messages or None)[0].tolist()
 
     def _columns(self, batch) -> dict:
         """The batch's columns and, with a reasoning format, its completions' reasoning and contents apart."""

@@ -59,18 +59,23 @@ class RewardSettings(Settings):
 
 
 class RewardStage:
-    """Holds: the reward functions with their weights, and the settings of calling them and of shaping
-    (the overlong penalty)."""
+    """Holds: the reward functions with their weights, the settings of calling them and of shaping (the
+    overlong penalty), and where the Trainer's state is read (`trainer_state`: a function returning it, or None
+    outside a Trainer): each call gives the functions a copy of it (TRL's contract)."""
 
-    def __init__(self, reward_funcs: list, reward_weights: list[float], settings: RewardSettings):
+    def __init__(self, reward_funcs: list, reward_weights: list[float], settings: RewardSettings,
+                 trainer_state=None):
         self.funcs, self.weights, self.settings = reward_funcs, reward_weights, settings
+        self.trainer_state = trainer_state
 
     def run(self, batch: RolloutBatch):
         """The functions' `RewardResult` for a batch (its columns, and the completions' reasoning split)."""
         columns = {**batch.columns, **reasoning_columns(batch.completions, self.settings.reasoning_format)}
         return score_completions(self.funcs, self.weights, prompts=batch.prompts, completions=batch.completions,
                                  completion_ids=batch.completion_ids(), columns=columns,
-                                 on_error=self.settings.reward_on_error, timeout_s=self.settings.reward_timeout_s)
+                                 on_error=self.settings.reward_on_error, timeout_s=self.settings.reward_timeout_s,
+                                 trainer_state=state_copy(self.trainer_state),
+                                 completion_messages=batch.completion_messages or None)
 
     def rewards(self, batch: RolloutBatch):
         """(rewards (B,) with shaping, the functions' RewardResult, overlong penalty (B,))."""
@@ -79,6 +84,14 @@ class RewardStage:
         penalty = overlong_penalty(batch.response_mask.sum(dim=1), s.max_response_length, s.overlong_buffer_len,
                                    s.overlong_penalty_factor)
         return torch.nan_to_num(result.rewards.to(penalty.device), nan=0.0) + penalty, result, penalty
+
+
+def state_copy(trainer_state):
+    """A shallow copy of the Trainer's state for reward functions (None without one): a function may read it, and
+    what it assigns stays its own."""
+    import copy
+
+    return None if trainer_state is None else copy.copy(trainer_state())
 
 
 def with_turn_rewards(rewards: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:

@@ -164,7 +164,8 @@ class VerlTrainer(Trainer):
         """The round builder, the update and the named state between steps, and the checkpoint that saves it."""
         args = self.args
         self.metrics, self.kl_meter, self.round_in_progress = MetricBuffer(), KLMeter(), RoundInProgress()
-        self.rewards = RewardStage(self.reward_funcs, self.reward_weights, RewardSettings.of(args))
+        self.rewards = RewardStage(self.reward_funcs, self.reward_weights, RewardSettings.of(args),
+                                   trainer_state=lambda: self.state)
         self.round_builder = RoundBuilder(
             RoundSettings.of(args), self.actor, self.rewards, ref_policy=self.ref_policy, critic=self.critic,
             constraint=self.constraint, kl_controller=self.kl_ctrl, metrics=self.metrics,

@@ -254,6 +254,23 @@ def check_model_paths(model, args: VerlConfig, ref_policy=None, critic=None, tea
             hint = " (~ is not expanded here: give the full path)" if str(value).startswith("~") else ""
             raise FileNotFoundError(f"{name}={str(value)!r}: no such file or directory{hint} (a local path; a Hub "
                                     f"model is named 'org/name').")
+        if isinstance(value, str) and not os.path.exists(value) and _offline_and_not_cached(value):
+            raise FileNotFoundError(f"{name}={value!r} is a Hub id, and HF_HUB_OFFLINE is set while it is not in the "
+                                    f"local Hub cache: download it where the Hub is reachable (`hf download "
+                                    f"{value}`), or give a local path.")
+
+
+def _offline_and_not_cached(repo_id: str) -> bool:
+    """Offline (HF_HUB_OFFLINE) with no config.json of `repo_id` in the local Hub cache: from_pretrained would fail
+    after a long chained traceback."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if not constants.HF_HUB_OFFLINE:
+        return False
+    try:
+        return not isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except ValueError:  # not a valid repo id either: transformers says so itself
+        return False
 
 
 def _looks_local(value: str) -> bool:

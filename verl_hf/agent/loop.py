@@ -399,7 +399,18 @@ def to_batch(conversations: list[Conversation], rows: list[dict], num_return_seq
         rollout_logprobs=logprobs, turn_rewards=turn_rewards,  # zeros without any: batches of a round join alike
         group_ids=torch.arange(len(rows)).repeat_interleave(n), prompts=[c.prompt for c in conversations],
         completions=[_final_answer(c, tokenizer) for c in conversations], columns=columns,
+        completion_messages=[_completion_messages(c, tokenizer) for c in conversations],
         pixels=[c.pixels for c in conversations] if any(c.pixels is not None for c in conversations) else [])
+
+
+def _completion_messages(conversation: Conversation, tokenizer) -> list[dict]:
+    """The messages after the prompt, as TRL gives a multi-turn completion to reward functions: the assistant
+    turns (with their `tool_calls`) and the replies, ending with the last assistant turn; a turn the environment
+    did not answer (the sample stopped on its length, say) is added as text."""
+    after = conversation.messages[len(conversation.prompt):]
+    if sum(m.get("role") == "assistant" for m in after) < conversation.turns:
+        after = [*after, {"role": "assistant", "content": _final_answer(conversation, tokenizer)}]
+    return after
 
 
 def _final_answer(conversation: Conversation, tokenizer) -> str:

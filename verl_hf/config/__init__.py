@@ -4,7 +4,7 @@ Users see one flat dataclass (YAML, `HfArgumentParser`, `verl-hf train --help`);
 the pipeline stage that reads them, each stage in its own module next to its own checks (generation.py,
 vision.py, sync.py, asynchronous.py, rewards.py, multi_turn.py, safety.py, algorithm.py, kl.py, distill.py, critic.py,
 evaluation.py, precision.py),
-and documented once, in `metadata["help"]`. A field that takes effect only in some setups declares its
+and documented once, in `metadata["help"]`. TRL's GRPOConfig names are taken too (trl_names.py). A field that takes effect only in some setups declares its
 condition in its type (applies.py), and one check refuses it set where it cannot act.
 
 `__post_init__` runs in three kinds of step, named so: `resolve_*` turns a value into the one it stands for
@@ -24,6 +24,7 @@ See it work: tests/test_config.py.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from transformers import TrainingArguments
@@ -45,6 +46,8 @@ from .process import set_up_process
 from .rewards import RewardFields, check_rewards, resolve_rewards
 from .safety import SafetyFields, check_safety, resolve_safety
 from .sync import SyncFields, check_sync
+from .trl_names import translate_trl_names
+from .value_types import check_value_types
 from .vision import VisionFields, check_vision
 
 # The stages' checks in pipeline order, except that safety and the critic come after the algorithm (they ask the
@@ -61,6 +64,7 @@ class VerlConfig(EvaluationFields, CriticFields, DistillFields, KLFields, Algori
                  MultiTurnFields, RewardFields, AsyncFields, SyncFields, VisionFields, GenerationFields,
                  PrecisionFields, TrainingArguments):
     def __post_init__(self):
+        check_value_types(self)  # "8" for a number: named here, before anything compares it
         # Rollout rows are raw dataset rows (reward functions read their columns): never drop columns.
         self.remove_unused_columns = False
         for name in ("data_key_map", "chat_template_kwargs"):
@@ -124,6 +128,17 @@ def _check_trainer_fields(cfg: VerlConfig) -> None:
     ])
 
 
+def _taking_trl_names(init):
+    """VerlConfig's __init__, which also takes TRL's GRPOConfig names (trl_names.py): a TRL script's config
+    carries over, or says why a setting cannot."""
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **translate_trl_names(kwargs))
+
+    return __init__
+
+
+VerlConfig.__init__ = _taking_trl_names(VerlConfig.__init__)
 FIELD_APPLIES = conditional_fields(VerlConfig)  # field name -> its Applies, for tools and tests
 
 __all__ = ["VerlConfig", "Applies", "TrainerInputs", "FIELD_APPLIES", "COLOCATED_VLLM", "ROLLOUT_ENGINES",

@@ -62,8 +62,12 @@ def vision_splits(seed: int = 0, num_train: int = 4000, num_dev: int = 200, num_
 
 
 def names_the_color(completions, answer, **kwargs) -> list[float]:
-    """1.0 where the response is the picture's color's name (case and a final period aside), else 0.0."""
-    return [1.0 if c.strip().rstrip(".").lower() == a else 0.0 for c, a in zip(completions, answer)]
+    """1.0 where the response is the picture's color's name (case and a final period aside), else 0.0. The prompts
+    are chat messages, so each completion is [{"role": "assistant", "content": ...}] (TRL's contract); the
+    demo's own evaluation passes plain text: both are read."""
+    from verl_hf.rewards.contract import completion_text
+
+    return [1.0 if completion_text(c).strip().rstrip(".").lower() == a else 0.0 for c, a in zip(completions, answer)]
 
 
 def vision_corpus() -> list[str]:

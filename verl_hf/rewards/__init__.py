@@ -6,12 +6,14 @@ sandbox.py   -- running generated code in a limited subprocess, never in the tra
                 (sandbox_child.py: its child side, the kernel's filters and the audit hook)
 functions.py -- batch reward functions, built-ins, and config-string loading
 calling.py   -- sync and async functions, and what a raised exception becomes
+contract.py  -- what a function is given (TRL's contract: message lists after chat prompts, trainer_state, ...)
 combine.py   -- run several reward functions on a batch, weight and combine
 
 See it work: tests/test_rewards.py
 """
 
 from verl_hf.rewards.combine import RewardResult, score_completions
+from verl_hf.rewards.contract import completion_text, completion_texts
 from verl_hf.rewards.functions import (
     BUILTIN_REWARDS,
     exact_match_reward,
@@ -33,6 +35,8 @@ __all__ = [
     "RewardResult",
     "SandboxResult",
     "code_reward",
+    "completion_text",
+    "completion_texts",
     "length_reward",
     "math_verify_reward",
     "regex_reward",

@@ -27,6 +27,8 @@ import signal
 import threading
 from typing import Callable
 
+from .contract import form_hint
+
 logger = logging.getLogger(__name__)
 ON_ERROR = ("raise", "zero")
 MAX_SAMPLE_TIMEOUTS = 2  # per-sample re-runs of a function that timed out on its batch stop after this many
@@ -247,6 +249,6 @@ def recover(name: str, func: Callable, batch: dict, n: int, error: Exception, on
     what, fix = (("timed out", "Make it faster or raise reward_timeout_s") if isinstance(exc, RewardTimeout)
                  else ("raised", "Fix the function"))
     raise RuntimeError(f"reward function {name!r} {what} on sample {index} of {n} ({len(failed)} fail; prompt "
-                       f"{prompt!r}): {type(exc).__name__}: {str(exc).rstrip('.')}. {fix}, or set "
-                       f"reward_on_error='zero' to score failing samples 0 and count them (reward/{name}/errors).") \
-        from exc
+                       f"{prompt!r}): {type(exc).__name__}: {str(exc).rstrip('.')}.{form_hint(batch['completions'], exc)}"
+                       f" {fix}, or set reward_on_error='zero' to score failing samples 0 and count them "
+                       f"(reward/{name}/errors).") from exc

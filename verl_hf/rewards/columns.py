@@ -5,6 +5,8 @@ See it work: tests/test_rewards.py.
 
 from __future__ import annotations
 
+from .contract import completion_text
+
 _TRUTH_COLUMNS = ("answer", "ground_truth")
 
 
@@ -20,7 +22,8 @@ def ground_truths(reward_name: str, columns: dict) -> list:
 
 
 def score_each(scorer, completions, truths, **kwargs) -> list[float | None]:
+    """`scorer(text, truth)` of each completion (text, or messages: the last assistant message's text)."""
     # A row without a ground truth cannot be judged: exclude it (None)
     # rather than punish the completion with 0.
-    return [None if truth is None else scorer(text, truth, **kwargs)
-            for text, truth in zip(completions, truths)]
+    return [None if truth is None else scorer(completion_text(c), truth, **kwargs)
+            for c, truth in zip(completions, truths)]

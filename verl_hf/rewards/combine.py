@@ -10,16 +10,19 @@ See it work: tests/test_rewards.py
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from .calling import ON_ERROR, call_all, recover
+from .contract import EXTRAS, RewardLog, accepted_extras, reward_completions
 
-_RESERVED = ("prompts", "completions", "completion_ids")
+_RESERVED = ("prompts", "completions", "completion_ids", *EXTRAS)
 
 
 @dataclass
@@ -32,12 +35,16 @@ class RewardResult:
     per_function: (B, F) float32 raw scores, NaN where a function gave None.
     names:        the F function names, in column order.
     errors:       {name: samples whose call raised and were scored 0} (reward_on_error='zero' only).
+    logged_metrics: {name: mean} of what the functions passed to `log_metric` (TRL's contract, contract.py).
+    logged_columns: {column: B values} the functions passed to `log_extra`.
     """
     rewards: torch.Tensor
     valid: torch.Tensor
     per_function: torch.Tensor
     names: list[str]
     errors: dict[str, int] = field(default_factory=dict)
+    logged_metrics: dict[str, float] = field(default_factory=dict)
+    logged_columns: dict[str, list] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
         """reward/mean and reward/std (population) over valid samples, and
@@ -56,7 +63,7 @@ class RewardResult:
                 out[f"reward/{name}/mean"] = scored.mean().item()
         for name, count in self.errors.items():
             out[f"reward/{name}/errors"] = float(count)
-        return out
+        return {**self.logged_metrics, **out}
 
 
 def _as_list(name: str, output, n: int) -> list:
@@ -144,11 +151,14 @@ def score_completions(reward_funcs: list[tuple[str, Callable]],
                       weights: list[float] | None, *, prompts, completions,
                       completion_ids, columns: dict[str, list],
                       on_error: str = "raise", require_scored: bool = True,
-                      timeout_s: float | None = None) -> RewardResult:
+                      timeout_s: float | None = None, trainer_state=None,
+                      completion_messages: list | None = None) -> RewardResult:
     """Call every reward function once on the batch and combine the scores.
 
-    Each function gets prompts=, completions=, completion_ids= and the dataset
-    columns as keyword arguments; async functions run concurrently (calling.py).
+    Each function gets what contract.py lists (TRL's contract): prompts=, completions= (text, or for chat
+    prompts messages: `completion_messages[i]` where given, else one assistant message of `completions[i]`),
+    completion_ids=, the dataset columns, and where it takes them `trainer_state`, `log_metric`, `log_extra`;
+    async functions run concurrently (calling.py).
     reward[i] = sum over functions j that scored sample i of weights[j] *
     score[i, j] (weights default to 1.0). A function that raises: see
     calling.recover (on_error 'raise' or 'zero'); one that runs past `timeout_s`
@@ -160,12 +170,17 @@ def score_completions(reward_funcs: list[tuple[str, Callable]],
     w = _check_inputs(reward_funcs, weights, completions, prompts,
                       completion_ids, columns)
     n = len(completions)
-    batch = dict(prompts=list(prompts), completions=list(completions),
+    batch = dict(prompts=list(prompts), completions=reward_completions(list(prompts), list(completions),
+                                                                       completion_messages),
                  completion_ids=list(completion_ids), **{k: list(v) for k, v in columns.items()})
+    log = RewardLog(n)
+    bound = [(name, _with_extras(func, {"trainer_state": trainer_state, **log.for_function(name)}))
+             for name, func in reward_funcs]
     per_function = torch.empty(n, len(reward_funcs), dtype=torch.float32)
     errors = {}
-    for j, ((name, func), output) in enumerate(zip(reward_funcs, call_all(reward_funcs, batch, timeout_s))):
+    for j, ((name, func), output) in enumerate(zip(bound, call_all(bound, batch, timeout_s))):
         if isinstance(output, Exception):
+            log.ignore(name)  # what it logged before raising, and in its per-sample re-runs, is dropped
             singles = recover(name, func, batch, n, output, on_error, timeout_s)
             scores = [0.0 if one is None else _as_list(name, one, 1)[0] for one in singles]
             errors[name] = sum(one is None for one in singles)
@@ -184,6 +199,42 @@ def score_completions(reward_funcs: list[tuple[str, Callable]],
             f"batch ({[name for name, _ in reward_funcs]}); make at least one "
             f"function score each batch, e.g. add a fallback reward that "
             f"never returns None")
+    result = RewardResult(rewards=_weighted_sum(per_function, scored, valid, w, reward_funcs), valid=valid,
+                          per_function=per_function, names=[name for name, _ in reward_funcs], errors=errors,
+                          logged_metrics=log.metric_means(), logged_columns=log.columns())
+    _warn_if_statistics_overflow(result)
+    return result
+
+
+def _warn_if_statistics_overflow(result: RewardResult) -> None:
+    """Finite scores whose mean or spread overflows float32 (3.4e38 each, say): the logged statistics and the
+    advantages (normalised by the group's std) would be inf or NaN. Named here, with the function that gave the
+    largest score; the update's own non-finite guard (on_nonfinite) keeps the weights finite."""
+    stats = result.metrics()
+    bad = sorted(k for k, v in stats.items() if k.startswith("reward/") and not math.isfinite(v))
+    rewards = result.rewards[result.valid]
+    if not bad and rewards.numel() and torch.isfinite(torch.stack([rewards.mean(), rewards.std(unbiased=False)])).all():
+        return
+    largest = torch.nan_to_num(result.per_function.abs(), nan=0.0).max(dim=0).values
+    name = result.names[int(largest.argmax())]
+    warnings.warn(f"reward function {name!r} returned scores up to {largest.max().item():.3g}: the batch's reward "
+                  f"statistics overflow float32 ({', '.join(bad) or 'reward mean/std'} not finite), so advantages "
+                  f"would be NaN; scale the scores down (rewards of order 1 train best).", stacklevel=3)
+
+
+def _with_extras(func: Callable, extras: dict) -> Callable:
+    """`func` with the extras it takes bound (the batch's aligned lists come at call time); what the callers
+    read off a reward function (`runs_collectives`) stays readable."""
+    accepted = accepted_extras(func, extras)
+    if not accepted:
+        return func
+    bound = functools.partial(func, **accepted)
+    bound.runs_collectives = getattr(func, "runs_collectives", False)
+    return bound
+
+
+def _weighted_sum(per_function, scored, valid, w: list[float], reward_funcs) -> torch.Tensor:
+    """(B,) float32: each sample's weighted sum over the functions that scored it, NaN where none did."""
     # Summed in fp64: a weighted sum of large finite scores must not turn into inf on the way.
     weighted = torch.where(scored, per_function.double() * torch.tensor(w, dtype=torch.float64), 0.0)
     rewards = weighted.sum(dim=1)
@@ -194,6 +245,4 @@ def score_completions(reward_funcs: list[tuple[str, Callable]],
                          f"the weights down.")
     rewards = rewards.float()
     rewards[~valid] = math.nan
-    return RewardResult(rewards=rewards, valid=valid,
-                        per_function=per_function,
-                        names=[name for name, _ in reward_funcs], errors=errors)
+    return rewards

@@ -2,12 +2,13 @@
 
 A reward function has the signature users write themselves:
 
-    f(prompts, completions, completion_ids, **columns) -> list[float | None]
+    f(prompts, completions, completion_ids, **kwargs) -> list[float | None]
 
-`completions` are decoded strings, `completion_ids` their token ids, and
-`columns` every dataset column as a list aligned with `completions`. Return
-one float per completion, or None to say "this function does not score this
-sample" (see combine.py for how None is handled).
+TRL's contract (contract.py): `completions` are decoded strings after text prompts and message lists after
+chat prompts, `completion_ids` their token ids, every dataset column comes as a list aligned with
+`completions`, and `trainer_state`, `log_metric`, `log_extra` come to functions that take them. Return one
+float per completion, or None to say "this function does not score this sample" (see combine.py for how None
+is handled). The built-ins read both forms of completions.
 
 `resolve_reward_funcs` turns config entries -- callables, built-in names,
 "pkg.module:function" or "path/to/file.py:function" -- into named callables.
@@ -23,6 +24,7 @@ from typing import Callable
 from verl_hf.loading import load_callable
 from verl_hf.rewards.columns import ground_truths as _ground_truths
 from verl_hf.rewards.columns import score_each as _score_each
+from verl_hf.rewards.contract import completion_texts
 from verl_hf.rewards.sandbox import report_sandbox
 from verl_hf.rewards.scorers import (
     exact_match_score, extract_gsm8k_answer, gsm8k_score)
@@ -54,7 +56,7 @@ def gsm8k_format_reward(prompts, completions, completion_ids, **columns):
     """1.0 if the completion contains a strict '#### <number>' answer, else
     0.0, whatever the number. Needs no column."""
     return [0.0 if extract_gsm8k_answer(text, "strict") is None else 1.0
-            for text in completions]
+            for text in completion_texts(completions)]
 
 
 def exact_match_reward(prompts, completions, completion_ids, **columns):
@@ -83,11 +85,18 @@ BUILTIN_REWARDS: dict[str, Callable] = {
 }
 
 
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
 def _unknown_spec_error(spec) -> ValueError:
+    # TRL loads a Hub id (or a local model folder) in reward_funcs as a sequence-classification reward model
+    model = isinstance(spec, str) and ":" not in spec and not spec.endswith(".py") and _HUB_ID.fullmatch(spec)
+    hint = (f" {spec!r} looks like a model id: TRL's reward_funcs take reward models too, ours take them as "
+            f"reward_model_path={spec!r} (VerlConfig; several: a list, weighted with reward_weights)") if model else ""
     return ValueError(
         f"unknown reward function {spec!r}; use a built-in "
         f"({', '.join(sorted(BUILTIN_REWARDS))}), 'regex:<pattern>', 'pkg.module:function', "
-        f"'path/to/file.py:function', or pass the callable itself")
+        f"'path/to/file.py:function', or pass the callable itself.{hint}")
 
 
 def _load_string_spec(spec: str) -> tuple[str, Callable]:

@@ -1,7 +1,8 @@
 """Built-in reward functions that verify rather than match: math answers (math-verify), a regex format,
 response length, and code run against tests in the sandbox (sandbox.py).
 
-All have the reward-function signature `f(prompts, completions, completion_ids, **columns)`.
+All have the reward-function signature `f(prompts, completions, completion_ids, **columns)` and read
+completions in both forms (text, or TRL's messages after chat prompts: rewards/contract.py).
 
 See it work: tests/test_verifiers.py.
 """
@@ -16,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from verl_hf.rewards.columns import ground_truths, score_each
+from verl_hf.rewards.contract import completion_texts
 from verl_hf.rewards.sandbox import run_code
 
 MATH_HINT = "math_verify needs the math-verify package: pip install 'verl-hf[math]' (or pip install math-verify)."
@@ -50,7 +52,7 @@ def regex_reward(pattern: str, full_match: bool = False) -> Callable:
     match = compiled.fullmatch if full_match else compiled.search
 
     def regex(prompts, completions, completion_ids, **columns):
-        return [1.0 if match(text) else 0.0 for text in completions]
+        return [1.0 if match(text) else 0.0 for text in completion_texts(completions)]
 
     return regex
 
@@ -88,7 +90,7 @@ def code_reward(timeout_s: float = 5.0, memory_mb: int = 512, workers: int | Non
         # One core per program, shared among the training processes of this machine.
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         with ThreadPoolExecutor(workers or max(1, (os.cpu_count() or 1) // local)) as pool:
-            return list(pool.map(run_one, completions, columns["tests"]))
+            return list(pool.map(run_one, completion_texts(completions), columns["tests"]))
 
     code.uses_sandbox = True  # resolve_reward_funcs reports what the sandbox guarantees on this machine
     return code

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..batch import RolloutBatch
+from ..rewards.contract import completion_text
 from .base import Role
 
 
@@ -62,11 +63,13 @@ class RewardModel(Role):
             scores.append(self.model(**enc).logits[:, self.label_index].float().cpu())
         return torch.cat(scores) if scores else torch.zeros(0)
 
-    def format(self, prompt, completion: str) -> str:
-        """The text scored for one pair: chat prompts through the reward model's chat template when it has one."""
+    def format(self, prompt, completion) -> str:
+        """The text scored for one pair: chat prompts through the reward model's chat template when it has one.
+        `completion`: text, or the messages after a chat prompt (what reward functions get: rewards/contract.py)."""
         if isinstance(prompt, str):
-            return prompt + completion
-        return self.format_conversation(list(prompt) + [{"role": "assistant", "content": completion}])
+            return prompt + completion_text(completion)
+        after = completion if isinstance(completion, list) else [{"role": "assistant", "content": completion}]
+        return self.format_conversation(list(prompt) + after)
 
     def format_conversation(self, messages: list[dict]) -> str:
         """The text scored for a whole conversation (multi-turn: the tool calls and results included), through

@@ -1,7 +1,8 @@
 """`verl-hf vllm-serve MODEL`: start the vLLM server that rollout_engine='vllm_server' samples from.
 
 It is vLLM's own OpenAI-compatible server, started with what server mode needs: the weight-transfer routes
-(`VLLM_SERVER_DEV_MODE=1`), a weight-transfer backend (`nccl` on GPUs, `verl_hf_gloo` without them), sampling
+(`VLLM_SERVER_DEV_MODE=1`), a weight-transfer backend (`nccl` on GPUs, `ipc` on the trainer's own GPU,
+`verl_hf_gloo` without GPUs), sampling
 log-probs after temperature (`--logprobs-mode processed_logprobs`), prefix caching and the token-in/
 token-out generation route (`--enable-scale-out`). Any other vLLM flag
 passes through. `--print-command` prints the native command instead of running it.
@@ -20,7 +21,7 @@ import sys
 
 from ..sync.adapter import VLLM_MAX_LORA_RANKS
 from .amx import NEEDS_AMX, cpu_has_amx, plugin_missing, require_amx_for
-from .vllm_transfer import GLOO_BACKEND, TRANSPORTS
+from .vllm_transfer import GLOO_BACKEND, IPC_BACKEND, TRANSPORTS
 from .vllm_version import check_vllm_version
 
 # `python -m` rather than the `vllm` script: the script looks itself up as the `vllm` distribution, which
@@ -37,7 +38,9 @@ def parse_serve_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                              "server (--host 0.0.0.0) only on a network you trust.")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--transfer", choices=("auto", *TRANSPORTS), default="auto",
-                        help=f"Weight-transfer backend: auto = nccl with a GPU, {GLOO_BACKEND} without.")
+                        help=f"Weight-transfer backend: nccl (the trainer on other GPUs), {IPC_BACKEND} (the trainer "
+                             f"on this server's GPU: NCCL cannot join two processes on one GPU), {GLOO_BACKEND} (no "
+                             f"GPU). auto = nccl with a GPU, {GLOO_BACKEND} without.")
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="At least max_prompt_length + max_response_length of the training run.")
@@ -62,8 +65,12 @@ def serve_command(args: argparse.Namespace, passthrough: list[str], has_gpu: boo
     """(argv, extra environment) of the vLLM server for these arguments; `bf16_fast`: this machine multiplies
     bf16 in hardware (config.bf16_is_fast)."""
     transfer = args.transfer if args.transfer != "auto" else ("nccl" if has_gpu else GLOO_BACKEND)
-    if transfer == "nccl" and not has_gpu:
-        raise SystemExit(f"--transfer nccl needs GPUs; on this machine use --transfer {GLOO_BACKEND} (or auto).")
+    if transfer in ("nccl", IPC_BACKEND) and not has_gpu:
+        raise SystemExit(f"--transfer {transfer} needs GPUs; on this machine use --transfer {GLOO_BACKEND} (or auto).")
+    if transfer == IPC_BACKEND and args.tensor_parallel_size > 1:
+        raise SystemExit(f"--transfer {IPC_BACKEND} reaches only the trainer's own GPU, and --tensor-parallel-size "
+                         f"{args.tensor_parallel_size} puts workers on others: serve on GPUs the trainer does not use "
+                         f"with --transfer nccl, or on its GPU with --tensor-parallel-size 1.")
     cmd = [sys.executable, "-m", SERVER_MODULE, "--model", args.model, "--host", args.host, "--port", str(args.port),
            "--weight-transfer-config", json.dumps({"backend": transfer}), "--logprobs-mode", "processed_logprobs",
            "--generation-config", "vllm", "--enable-prefix-caching", "--tensor-parallel-size", str(args.tensor_parallel_size)]
@@ -72,6 +79,8 @@ def serve_command(args: argparse.Namespace, passthrough: list[str], has_gpu: boo
     if args.max_model_len:
         cmd += ["--max-model-len", str(args.max_model_len)]
     env = {"VLLM_SERVER_DEV_MODE": "1"}
+    if transfer == IPC_BACKEND:  # the workers unpickle the trainer's CUDA-IPC handles, sent over HTTP
+        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     if args.lora_rank:
         versions = str(args.lora_versions or 2)
         cmd += ["--enable-lora", "--max-lora-rank", str(args.lora_rank), "--max-loras", versions,

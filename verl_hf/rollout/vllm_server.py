@@ -5,8 +5,8 @@ which `verl-hf vllm-serve` sets): no detokenization and no per-token strings, wh
 server's time per round (benchmarks/async.py). A server without that route gets the completions API with token
 ids in and out, and a warning. One request per prompt, so per-prompt seeds hold, sent concurrently so the server
 batches them. Weights go through vLLM's native
-weight-transfer protocol (control over HTTP, tensors over NCCL or, on CPU, our gloo transport:
-vllm_transfer.py). Only process 0 of the trainer pushes (`WeightSync(owner_rank=0)`); every process samples.
+weight-transfer protocol (control over HTTP; tensors over NCCL to other GPUs, CUDA IPC on the trainer's own GPU
+or, on CPU, our gloo transport: vllm_transfer.py). Only process 0 of the trainer pushes (`WeightSync(owner_rank=0)`); every process samples.
 
 The server must run with `VLLM_SERVER_DEV_MODE=1` (the weight-transfer routes), `--weight-transfer-config`
 and `--logprobs-mode processed_logprobs`: `verl-hf vllm-serve MODEL` starts it so, or prints the native
@@ -34,7 +34,8 @@ from .base import Rollout, RolloutEngine, SamplingConfig
 from .vllm_compat import tied_copies_engine_has
 from .vllm_engine import (NO_HF_WEIGHTS, hf_meta_model, hf_weight_names, request_seeds, rollout_from_tokens,
                           sampling_fields, vllm_bucket)
-from .vllm_transfer import TrainerSender, update_info, worker_init_info
+from .vllm_transfer import (GLOO_BACKEND, IPC_BACKEND, TrainerSender, device_uuid, transport_device_problem,
+                            worker_init_info)
 from .vllm_version import check_vllm_version
 from .vllm_vision import check_expanded, check_image_architecture, image_request
 
@@ -132,7 +133,8 @@ class VLLMServerEngine(RolloutEngine):
 
     def _connect(self) -> TrainerSender:
         """Open the transfer group (this process is rank 0, the server's workers 1..): both sides block until
-        all have joined, so the server's half runs in a thread."""
+        all have joined, so the server's half runs in a thread. First: can the transport join these devices?"""
+        self._check_devices()
         address = _address_towards(self.url)
         port = _free_port(address)
         world = self.server_workers + 1
@@ -143,21 +145,41 @@ class VLLMServerEngine(RolloutEngine):
             server_side.result()
         return sender
 
+    def _check_devices(self) -> None:
+        """NCCL cannot join two processes on one GPU, CUDA IPC cannot reach another GPU, and IPC handles come
+        pickled: say so before either fails inside vLLM. A server without our vLLM plugin cannot tell: a
+        warning, and vLLM's own errors later."""
+        if self.transport == GLOO_BACKEND:
+            return
+        try:
+            facts = self._call("POST", "/collective_rpc", {"method": "verl_hf_transfer_facts"})["results"]
+        except RuntimeError as e:
+            warnings.warn(f"The vLLM server at {self.url} did not say which GPUs its workers use ({str(e)[:160]}): is "
+                          f"verl_hf installed where it runs? The {self.transport} transport is tried unchecked.")
+            return
+        problem = transport_device_problem(self.transport, device_uuid(), [f["gpu"] for f in facts], self.url)
+        if not problem and self.transport == IPC_BACKEND and not all(f["takes_handles"] for f in facts):
+            problem = (f"the vLLM server at {self.url} takes weights by CUDA IPC but was started without "
+                       f"VLLM_ALLOW_INSECURE_SERIALIZATION=1, so its workers refuse the handles: restart it with it "
+                       f"(`verl-hf vllm-serve MODEL --transfer {IPC_BACKEND}` sets it)")
+        if problem:
+            raise RuntimeError(problem + ".")
+
     def load_weights(self, named_tensors) -> None:
-        """One bucket (whole layers): the server learns names, dtypes and shapes, then receives the tensors."""
+        """One bucket (whole layers): the server learns names, dtypes and shapes, then receives the tensors. A
+        failed update leaves the transfer group unusable: the next push opens a new one (or fails to, saying why)."""
         named_tensors = vllm_bucket(self._meta, named_tensors, self._tied)
-        with ThreadPoolExecutor(1) as pool:
-            server_side = pool.submit(self._call, "POST", "/update_weights",
-                                      {"update_info": update_info(named_tensors)})
-            for _, tensor in named_tensors:
-                if server_side.done():  # the server refused the update: do not wait in a broadcast it never joins
-                    server_side.result()
-                self._sender.broadcast(tensor)
-            self._sender.synchronize()
-            server_side.result()
+        try:
+            self._sender.send(named_tensors,
+                              lambda info: self._call("POST", "/update_weights", {"update_info": info}))
+        except BaseException:
+            self._sender = None
+            raise
 
     def finish_sync(self) -> None:
         self._call("POST", "/finish_weight_update")  # the weights keep their label until label_weights
+        if self._sender is not None:
+            self._sender.finish()
         self._call("POST", "/reset_prefix_cache")  # cached KV blocks were computed with the old weights
         if self.accepts_images:  # and cached image embeddings with the old vision tower
             self._call("POST", "/reset_encoder_cache")

@@ -7,10 +7,11 @@ of a ZeRO-3 partition; a DTensor's own numel is the full one); the extra memory 
 `get_delta_weight` of each active adapter (PEFT's own merge math), so no full merged model is ever built.
 
 ZeRO-3 weights are all-gathered straight from their partitions (`ds_tensor`: rank r holds elements
-[r*P, (r+1)*P) of the flattened weight, zero-padded at the end) in pieces of at most `CHUNK_BYTES` for all
-ranks together. Deviation from `deepspeed.zero.GatheredParameters`, which gathers a whole tensor at once: on
-gloo the collective keeps a second full-size copy while it runs (measured: 187 MB extra for one 94 MB
-embedding, also with plain torch.distributed.all_gather), so one large embedding would double the peak.
+[r*P, (r+1)*P) of the flattened weight, zero-padded at the end), on gloo in pieces of at most `CHUNK_BYTES`
+for all ranks together (`chunk_bytes_for`; NCCL takes each tensor whole). Deviation from
+`deepspeed.zero.GatheredParameters`, which gathers a whole tensor at once: on gloo the collective keeps a
+second full-size copy while it runs (measured: 187 MB extra for one 94 MB embedding, also with plain
+torch.distributed.all_gather), so one large embedding would double the peak.
 LoRA modules (PEFT reads their weights in place), offloaded or quantised partitions still go through
 GatheredParameters, and `sync_verify` compares against GatheredParameters, an independent path.
 
@@ -142,6 +143,16 @@ def plan_buckets(units: list[Unit], bucket_bytes: int) -> tuple[list[list[Unit]]
 
 
 CHUNK_BYTES = 4 * 2**20  # gloo all-gather peaks at ~4 MB pieces (1.4 GB/s vs 1.2 at 16 MB, 0.3 at 64 MB, 2 CPU processes)
+WHOLE = 2**62  # a piece no tensor reaches: one collective per tensor
+
+
+def chunk_bytes_for(backend: str, device_type: str) -> int:
+    """The gather's piece size for a tensor on `device_type` gathered over process-group `backend`. A GPU tensor
+    over NCCL: the whole tensor in one collective, written straight into the result on the device (no second
+    copy to bound, and pieces sized for gloo would leave NCCL's links mostly idle, one launch per 4 MiB).
+    Anything else (gloo, DeepSpeed's oneCCL on CPU, a CPU tensor under "cpu:gloo,cuda:nccl"): `CHUNK_BYTES`,
+    as gloo keeps a second copy of a collective's output while it runs (see above)."""
+    return WHOLE if device_type == "cuda" and "nccl" in backend else CHUNK_BYTES
 
 
 def _partition_gatherable(p) -> bool:
@@ -150,19 +161,25 @@ def _partition_gatherable(p) -> bool:
             and not hasattr(part, "ds_quant_scale"))
 
 
-def _gather_flat(part: torch.Tensor, group, device, chunk_bytes: int, dst: int | None) -> torch.Tensor | None:
+def _gather_flat(part: torch.Tensor, group, device, chunk_bytes: int | None, dst: int | None) -> torch.Tensor | None:
     """Every process's equally long flat `part`, as rows of a (world, part size) tensor: on every process
     (`dst=None`, all-gather) or on global rank `dst` only (None elsewhere); in pieces of at most `chunk_bytes`
-    for all processes together, so that gloo's second copy of a collective's output stays small."""
+    for all processes together (None: `chunk_bytes_for` the group's backend and the device), so that gloo's second
+    copy of a collective's output stays small. In one piece, straight into the result."""
     import torch.distributed as dist
 
+    chunk_bytes = chunk_bytes or chunk_bytes_for(str(dist.get_backend(group)), torch.device(device).type)
     world = dist.get_world_size(group=group)
     receives = dst is None or dist.get_rank() == dst
     size = part.numel()
     step = max(min(max(chunk_bytes // (world * part.element_size()), 1), size), 1)
     full = torch.empty(world, size, dtype=part.dtype, device=device) if receives else None
-    if dst is None and step == size and part.device == torch.device(device):  # small: straight into the result
-        dist.all_gather_into_tensor(full.view(-1), part, group=group)
+    if step == size:
+        piece = part.to(device).contiguous()
+        if dst is None:
+            dist.all_gather_into_tensor(full.view(-1), piece, group=group)
+        else:
+            dist.gather(piece, list(full) if receives else None, dst=dst, group=group)
         return full
     staging = torch.empty(world * step, dtype=part.dtype, device=device) if receives else None
     for start in range(0, size, step):
@@ -177,7 +194,7 @@ def _gather_flat(part: torch.Tensor, group, device, chunk_bytes: int, dst: int |
     return full
 
 
-def gather_partitioned(p: torch.Tensor, device, chunk_bytes: int = CHUNK_BYTES, dst: int | None = None):
+def gather_partitioned(p: torch.Tensor, device, chunk_bytes: int | None = None, dst: int | None = None):
     """The full tensor of a ZeRO-3 parameter, gathered from its partitions chunk by chunk: on every process
     (`dst=None`, all-gather), or on global rank `dst` only (None is returned elsewhere)."""
     full = _gather_flat(p.ds_tensor.view(-1), p.ds_process_group, device, chunk_bytes, dst)
@@ -191,7 +208,7 @@ def _row_sharded(t) -> bool:
     return t.device_mesh.ndim == 1 and tuple(t.placements) == (Shard(0),)
 
 
-def gather_dtensor(t, chunk_bytes: int = CHUNK_BYTES, dst: int | None = None):
+def gather_dtensor(t, chunk_bytes: int | None = None, dst: int | None = None):
     """The full tensor of a DTensor (an FSDP2 parameter, or a LoRA weight merged on its shards), on every process
     (`dst=None`) or on global rank `dst` only (None elsewhere), on its mesh's device. FSDP2 splits dim 0 like
     `torch.chunk`: ceil(rows / world) rows per process, fewer (or none) on the last, so each shard is padded to
