@@ -161,7 +161,9 @@ def test_grpo_with_tools_trains_end_to_end(tool_model, tmp_path):
 
     def used_the_tool(prompts, completions, completion_ids, messages, tool_statuses, **columns):
         seen.append(messages[0])
-        return [float(bool(s) and all(x == "ok" for x in s)) + 0.1 * len(c) for s, c in zip(tool_statuses, completions)]
+        # each completion is the conversation's messages after the prompt (TRL's contract): its text's length varies
+        return [float(bool(s) and all(x == "ok" for x in s)) + 0.1 * len(completion_text(c))
+                for s, c in zip(tool_statuses, completions)]
 
     args = small_config(tmp_path, reward_funcs=None, reward_weights=None, max_steps=2, max_turns=2,
                         max_response_length=48, max_turn_length=12, per_device_train_batch_size=16, num_generations=4,

@@ -158,7 +158,7 @@ def _cli(args: list[str], **env) -> subprocess.CompletedProcess:
      "unknown flag --num_generation (did you mean '--num_generations'?)"),
     (["train", "{bad_yaml}"], {}, "{bad_yaml}:2: num_generations: invalid int value: 'eight'"),
     (["train", "--model_name_or_path", "Qwen/Qwen2.5-0.5B-Instruct", "--dataset_name", "verl_hf:addition",
-      "--output_dir", "{tmp}"], {"HF_HUB_OFFLINE": "1"},
+      "--reward_funcs", "gsm8k", "--output_dir", "{tmp}"], {"HF_HUB_OFFLINE": "1"},
      "model='Qwen/Qwen2.5-0.5B-Instruct' is a Hub id, and HF_HUB_OFFLINE is set while it is not in the local Hub "
      "cache"),
 ])
@@ -197,3 +197,19 @@ def test_train_takes_trls_config_flag_and_names_and_a_run_from_flags_alone(tmp_p
     assert script.model_name_or_path == "demo" and (config.kl_coef, config.max_response_length) == (0.04, 32)
     with pytest.raises(ValueError, match="unknown flag --num_generation "):
         parse_config(str(DEMO_CONFIG), ["--num_generation", "8"])  # no prefix matching
+
+
+def test_trl_flags_read_as_trls_parser_reads_them(tmp_path):
+    """A bare TRL switch is True (TRL's HfArgumentParser); our parser's own spellings (`--no_<field>`, dashes)
+    still pass; a TRL flag beside ours for the same field is refused; a file's TRL name beats its base's field."""
+    _, cfg = parse_config(str(DEMO_CONFIG), ["--use_vllm", "--vllm_enable_sleep_mode", "false", "--max-steps", "3",
+                                             "--no_norm_adv_by_std_in_grpo", "--shuffle_dataset"])
+    assert (cfg.rollout_engine, cfg.vllm_sleep_level, cfg.max_steps, cfg.norm_adv_by_std_in_grpo) == \
+        ("vllm", 0, 3, False)
+    _, cfg = parse_config(str(DEMO_CONFIG), ["--steps_per_generation", "2", "--per_device_train_batch_size", "4"])
+    assert (cfg.generation_batch_size, cfg.per_device_train_batch_size) == (8, 4)
+    with pytest.raises(ValueError, match="sets --kl_coef and TRL's name for the same field \\(--beta\\); keep one"):
+        parse_config(str(DEMO_CONFIG), ["--kl_coef", "0.1", "--beta", "0.2"])
+    child = tmp_path / "child.yaml"
+    child.write_text("base_config: demo\nbeta: 0.04\n")  # demo.yaml sets kl_coef itself
+    assert parse_config(str(child), [])[1].kl_coef == 0.04

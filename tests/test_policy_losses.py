@@ -345,3 +345,18 @@ def test_trainer_binding_is_accepted(name):
     assert torch.isfinite(loss)
     with pytest.raises(ValueError, match=f"policy loss '{name}' has no hyper-parameter \\['kl_coef'\\]; valid: "):
         spec.bind(kl_coef=0.1)
+
+
+def test_ppo_clip_fractions_by_side():
+    """clip_frac_below: ratio < 1 - eps with A < 0; clip_frac_above: ratio > 1 + eps with A > 0 (TRL's
+    clip_ratio/low_mean and high_mean); clip_frac is both (its region_mean). A ratio outside the range on the side
+    where the min does not bind (0.5 with A > 0, 1.5 with A < 0) is not clipped."""
+    ratio = torch.tensor([[1.5, 0.5, 1.0], [0.5, 1.5, 1.0]])
+    logp = _leaf([[-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0]])
+    old = logp.detach() - ratio.log()
+    adv = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]])
+    _, m = pl.ppo_clip_loss(old, logp, adv, torch.ones(2, 3), clip_ratio_low=0.2, clip_ratio_high=0.2)
+    assert m["clip_frac_below"] == pytest.approx(1 / 6) and m["clip_frac_above"] == pytest.approx(1 / 6)
+    assert m["clip_frac"] == pytest.approx(2 / 6) and m["clip_frac_lower"] == 0.0
+    _, m = pl.gspo_loss(*_gspo_example(), clip_ratio_low=0.2, clip_ratio_high=0.2)
+    assert (m["clip_frac_below"], m["clip_frac_above"]) == (0.0, pytest.approx(3 / 5))  # row 1: s = 2, A > 0

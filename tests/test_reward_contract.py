@@ -88,20 +88,50 @@ def test_trainer_state_log_metric_and_log_extra_reach_the_functions_that_take_th
     assert accepted_extras(lambda completions, log_metric: 0, {"trainer_state": 1, "log_metric": 2}) == {"log_metric": 2}
 
 
-def test_what_logging_gets_wrong_is_named():
+@pytest.mark.parametrize("on_error", ["raise", "zero"])
+def test_what_logging_gets_wrong_is_named_after_the_call(on_error):
+    """Not inside the function: there it would read as the function's failure (scored 0 with on_error='zero')."""
     def short(completions, log_extra, **kwargs):
         log_extra("note", ["only one"])
         return [0.0] * len(completions)
 
-    with pytest.raises(RuntimeError, match=r"'short'.*log_extra\('note', \.\.\.\) got 1 values for 2 samples"):
-        score([short], TEXT, ["a", "b"])
+    with pytest.raises(ValueError, match=r"'short': log_extra\('note', \.\.\.\) got 1 values for 2 samples"):
+        score([short], TEXT, ["a", "b"], on_error=on_error)
 
-    def nan_metric(completions, log_metric, **kwargs):
-        log_metric("x", math.nan)
+    def text_metric(completions, log_metric, **kwargs):
+        log_metric("x", "high")
         return [0.0] * len(completions)
 
-    with pytest.raises(RuntimeError, match=r"log_metric\('x', nan\): log a finite number"):
-        score([nan_metric], TEXT, ["a", "b"])
+    with pytest.raises(ValueError, match=r"log_metric\('x', 'high'\): log a number"):
+        score([text_metric], TEXT, ["a", "b"], on_error=on_error)
+
+    def twice(completions, log_extra, **kwargs):
+        log_extra("note", ["x", "y"])
+        return [0.0] * len(completions)
+
+    with pytest.raises(ValueError, match=r"'twice_1': log_extra\('note', \.\.\.\): that column was logged already "
+                                         r"\(by 'twice'\)"):
+        score([twice, twice], TEXT, ["a", "b"], on_error=on_error)
+
+
+def test_a_nan_metric_is_left_out_of_the_mean_as_trl_keeps_it():
+    def some_nan(completions, log_metric, **kwargs):
+        log_metric("judge/agreement", math.nan)
+        log_metric("judge/agreement", 0.5)
+        return [0.0] * len(completions)
+
+    assert score([some_nan], TEXT, ["a", "b"]).logged_metrics == {"judge/agreement": 0.5}
+
+
+def test_trainer_state_is_given_only_inside_a_trainer():
+    seen = {}
+
+    def look(completions, **kwargs):
+        seen.update(kwargs)
+        return [0.0] * len(completions)
+
+    score([look], TEXT, ["a", "b"])
+    assert "trainer_state" not in seen and {"log_metric", "log_extra", "answer"} <= set(seen)
 
 
 def test_a_function_that_raised_keeps_nothing_it_logged():
@@ -126,6 +156,14 @@ def test_a_function_written_for_the_other_form_is_told_what_it_got():
     with pytest.raises(RuntimeError, match=r"AttributeError.*completions are message lists .*because the prompts are "
                                            r"chat messages, as in TRL; read completion\[-1\]\['content'\]"):
         score([strings_only], CHAT, ["4", "5"])
+
+    def needs_a_column(completions, solution, **kwargs):  # another mistake: no hint about the form
+        return [0.0] * len(completions)
+
+    with pytest.raises(RuntimeError) as error:
+        score([needs_a_column], CHAT, ["4", "5"])
+    assert "missing 1 required positional argument: 'solution'" in str(error.value)
+    assert "message lists" not in str(error.value) and "strings because" not in str(error.value)
 
 
 def test_a_hub_id_among_reward_functions_points_to_reward_model_path():
@@ -153,9 +191,10 @@ def test_a_multi_turn_completion_is_every_message_after_the_prompt():
 
     prompt = [{"role": "user", "content": "3*4?"}]
     call = {"role": "assistant", "content": "<tool_call>", "tool_calls": [{"function": {"name": "multiply"}}]}
-    answered = [call, {"role": "tool", "content": "12"}, {"role": "assistant", "content": "12"},
-                {"role": "user", "content": "correct"}]
-    done = Conversation(prompt_ids=[1], messages=[*prompt, *answered], env=None, prompt=prompt, turns=2)
+    answered = [call, {"role": "tool", "content": "12"}, {"role": "assistant", "content": "12"}]
+    # the environment's reply after the last turn stays in `messages`: a completion ends with the assistant, as TRL's
+    done = Conversation(prompt_ids=[1], messages=[*prompt, *answered, {"role": "user", "content": "correct"}],
+                        env=None, prompt=prompt, turns=2)
     assert _completion_messages(done, tokenizer=None) == answered
 
 

@@ -57,6 +57,7 @@ def test_every_trl_field_is_shared_renamed_translated_or_refused():
     ("num_generations_eval", 3, "eval_num_generations", 3),
     ("vllm_enable_sleep_mode", True, "vllm_sleep_level", 2),
     ("vllm_enable_sleep_mode", False, "vllm_sleep_level", 0),
+    ("delta", 2.0, "clip_ratio_c", 2.0),  # TRL's cap on the ratio: our dual-clip bound
 ])
 def test_a_renamed_trl_field_sets_ours(trl, value, ours, expected, tmp_path):
     if ours == "vllm_sleep_level" and expected:  # vLLM's sleep mode needs a GPU: the translation alone
@@ -81,8 +82,12 @@ def test_use_vllm_and_vllm_mode_choose_the_engine():
     assert translate_trl_names({"use_vllm": True, "vllm_mode": "server", "vllm_server_host": "10.0.0.2"}) == \
         {"rollout_engine": "vllm_server", "vllm_server_url": "http://10.0.0.2:8000"}
     assert translate_trl_names({"use_vllm": False}) == {"rollout_engine": "hf"}
+    # TRL's own defaults side by side (a config dump): vLLM off, whatever the default mode says
+    assert translate_trl_names({"use_vllm": False, "vllm_mode": "colocate"}) == {"rollout_engine": "hf"}
     with pytest.raises(ValueError, match="vllm_mode='server' takes effect only with use_vllm=True"):
         translate_trl_names({"vllm_mode": "server"})
+    with pytest.raises(ValueError, match="vllm_mode='server' takes effect only with use_vllm=True"):
+        translate_trl_names({"use_vllm": False, "vllm_mode": "server"})
     with pytest.raises(ValueError, match="vllm_mode='remote' must be one of"):
         translate_trl_names({"use_vllm": True, "vllm_mode": "remote"})
     with pytest.raises(ValueError, match="use_vllm/vllm_mode .* and rollout_engine .* set the same thing"):
@@ -127,3 +132,45 @@ def test_a_yaml_config_with_trl_names_loads(tmp_path):
 def test_a_number_given_as_text_in_python_is_named(field, text, says, tmp_path):
     with pytest.raises(ValueError, match=says.replace("(", r"\(").replace(")", r"\)")):
         VerlConfig(output_dir=str(tmp_path), use_cpu=True, **{field: text})
+
+
+def test_steps_per_generation_is_micro_batches_per_round():
+    assert translate_trl_names({"steps_per_generation": 4, "per_device_train_batch_size": 8}) == \
+        {"generation_batch_size": 32, "per_device_train_batch_size": 8}
+    assert translate_trl_names({"steps_per_generation": None}) == {}  # TRL's default: one optimizer step, ours too
+    with pytest.raises(ValueError, match="steps_per_generation=4 .* needs per_device_train_batch_size beside it"):
+        translate_trl_names({"steps_per_generation": 4})
+
+
+def test_a_renamed_trl_field_set_to_none_is_named(tmp_path):
+    with pytest.raises(ValueError, match=r"max_completion_length=None \(TRL's GRPOConfig.max_completion_length, our "
+                                         r"max_response_length\): give a value"):
+        VerlConfig(output_dir=str(tmp_path), use_cpu=True, max_completion_length=None)
+    with pytest.raises(ValueError, match="top_k=None: top_k takes an int; give one"):
+        VerlConfig(output_dir=str(tmp_path), use_cpu=True, top_k=None)
+
+
+def test_a_config_derived_from_verl_config_takes_trl_names_too(tmp_path):
+    @dataclasses.dataclass
+    class MyConfig(VerlConfig):
+        my_weight: float = 1.0
+
+    config = MyConfig(output_dir=str(tmp_path), use_cpu=True, beta=0.02, my_weight=2.0)
+    assert (config.kl_coef, config.my_weight) == (0.02, 2.0)
+    assert dataclasses.replace(config, kl_coef=0.5).kl_coef == 0.5
+
+
+def test_rl_defaults_where_training_arguments_defaults_make_no_sense(tmp_path):
+    """TRL's and verl's rate and TRL's logging cadence by default; a config that sets them keeps its values."""
+    from transformers import TrainingArguments
+
+    config = VerlConfig(output_dir=str(tmp_path), use_cpu=True)
+    assert (config.learning_rate, config.logging_steps) == (1e-6, 10)
+    plain = TrainingArguments(output_dir=str(tmp_path), use_cpu=True)
+    for kept in ("max_grad_norm", "weight_decay", "warmup_steps", "gradient_checkpointing", "save_steps",
+                 "lr_scheduler_type", "eval_strategy", "report_to", "seed"):
+        assert getattr(config, kept) == getattr(plain, kept), kept
+    given = VerlConfig(output_dir=str(tmp_path), use_cpu=True, learning_rate=5e-5, logging_steps=500)
+    assert (given.learning_rate, given.logging_steps) == (5e-5, 500)
+    fields = {f.name: f for f in dataclasses.fields(VerlConfig)}
+    assert all("TRL" in fields[name].metadata["help"] for name in ("learning_rate", "logging_steps"))

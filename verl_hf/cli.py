@@ -44,15 +44,15 @@ def parse_config(config_path: str | None, overrides: list[str]):
 
     dtypes = (ScriptArguments, VerlConfig)
     parser = _Parser(dtypes)
-    values = load_yaml(config_path) if config_path else {}
+    values = load_yaml(config_path) if config_path else {}  # TRL's names translated file by file
     known = {f.name for dtype in dtypes for f in fields(dtype) if f.init}
-    values = _translated(values, str(config_path))
     unknown = sorted(set(values or {}) - known)
     if unknown:
         hints = [f"{name!r}{_did_you_mean(name, known)}" for name in unknown]
         raise UsageError(f"{config_path}: unknown field(s) {', '.join(hints)}; `verl-hf train --help` lists the "
                          f"valid ones.")
-    overrides = _translated_flags(list(overrides), known)
+    flags = {option[2:] for option in parser._option_string_actions if option.startswith("--")}
+    overrides = _translated_flags(list(overrides), flags)
     # YAML values go through the same argument parser as flags (so "1e-5" becomes a float, lists and
     # booleans get their field types); flags after the file come later and win. YAML nulls are set after.
     overrides, nulls = _flags_set_to_null(list(overrides), dtypes)
@@ -117,29 +117,45 @@ def _translated(values: dict, where: str) -> dict:
         raise UsageError(str(e)) from None
 
 
-def _translated_flags(overrides: list[str], known: set) -> list[str]:
-    """The flags with TRL's names given as ours (their values read as YAML reads them); an unknown flag is a
-    UsageError with the closest name, ours or TRL's."""
+def _translated_flags(overrides: list[str], flags: set) -> list[str]:
+    """The flags with TRL's names given as ours (their values read as YAML reads them; a bare flag is True, as in
+    TRL's parser); an unknown flag is a UsageError with the closest name, ours or TRL's; a TRL flag beside ours
+    for the same field is one too. `flags`: the parser's own (`--no_<field>` and dashed spellings included)."""
     import yaml
 
     from .config.trl_names import REFUSED, RENAMED, TRANSLATED
 
+    trl_names = (*RENAMED, *REFUSED, *TRANSLATED)
     trl, rest, i = {}, [], 0
     while i < len(overrides):
         arg = overrides[i]
         key, eq, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
-        if key and key not in known and key not in (*RENAMED, *REFUSED, *TRANSLATED, "help"):
-            raise UsageError(f"unknown flag --{key}{_did_you_mean(key, known, '--')}; `verl-hf train --help` lists "
+        if key and key not in flags and key not in trl_names:
+            raise UsageError(f"unknown flag --{key}{_did_you_mean(key, flags, '--')}; `verl-hf train --help` lists "
                              f"them.")
-        if key in (*RENAMED, *REFUSED, *TRANSLATED):
+        if key in trl_names and key not in flags:
             if not eq:
-                i += 1
-                value = overrides[i] if i < len(overrides) else ""
-            trl[key] = yaml.safe_load(value) if value else None
+                bare = i + 1 >= len(overrides) or overrides[i + 1].startswith("--")
+                value = "true" if bare else overrides[i + 1]
+                i += 0 if bare else 1
+            trl[key] = yaml.safe_load(value)
         else:
             rest.append(arg)
         i += 1
-    return rest + _as_argv(_translated(trl, "the command line")) if trl else rest
+    if not trl:
+        return rest
+    if "steps_per_generation" in trl:  # its translation reads the batch size given beside it
+        for j, arg in enumerate(rest[:-1]):
+            if arg in ("--per_device_train_batch_size", "--per-device-train-batch-size"):
+                trl["per_device_train_batch_size"] = int(rest[j + 1])
+    ours = _translated(trl, "the command line")
+    if "steps_per_generation" in trl:
+        ours.pop("per_device_train_batch_size", None)  # the flag given beside it stays as it was
+    given = {arg[2:].partition("=")[0].replace("-", "_") for arg in rest if arg.startswith("--")}
+    if clash := sorted(set(ours) & given):
+        raise UsageError(f"the command line sets {', '.join('--' + c for c in clash)} and TRL's name for the same "
+                         f"field ({', '.join('--' + n for n in trl)}); keep one.")
+    return rest + _as_argv(ours)
 
 
 def _yaml_place(config_path, key: str) -> str:
@@ -203,6 +219,7 @@ def load_yaml(path: str | Path) -> dict:
     if not isinstance(values, dict):
         raise UsageError(f"{path}: a config is a mapping of field: value, got a {type(values).__name__}.")
     base = values.pop("base_config", None)
+    values = _translated(values, str(path))  # TRL's names, file by file: a file's name beats its base's
     if base is None:
         return values
     if base == "demo":

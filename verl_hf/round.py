@@ -127,6 +127,7 @@ class RoundBuilder:
         lengths = batch.response_mask.sum(dim=1).float()
         metrics.record({
             "response_length/mean": lengths.mean().item(), "response_length/max": lengths.max().item(),
+            "response_length/min": lengths.min().item(),
             "response_length/truncated_frac": batch.truncated.float().mean().item(),
             "rollout/tokens_per_s": lengths.sum().item() / max(clock.seconds, 1e-9),
         })
@@ -146,6 +147,9 @@ class RoundBuilder:
         metrics.record({**result.metrics(), **episode_reward_metrics(batch, result.valid)})
         device = batch.response_mask.device
         batch.reward_per_function, batch.valid = result.per_function.to(device), result.valid.to(device)
+        # rows whose group's rewards are all equal (no gradient under group baselines): TRL's frac_reward_zero_std
+        flat = group_all_equal(with_turn_rewards(batch.rewards, batch), batch.group_ids, batch.valid)
+        metrics.record({"reward/frac_zero_std": flat.float().mean().item()})
         if self.settings.overlong_buffer_len:
             metrics.record({"reward/overlong_penalty": penalty.mean().item()})
         batch = self.constraint.score(batch, metrics)

@@ -95,8 +95,9 @@ class SafetyConstraint:
         return math.exp(self.log_lambda)
 
     def costs(self, prompts, completions, completion_ids, columns,
-              completion_messages=None) -> tuple[torch.Tensor, dict[str, float]]:
-        """(costs (B,): the sum of the cost functions, 0 where none judged a response; metrics). A cost function
+              completion_messages=None) -> tuple[torch.Tensor, dict[str, float], dict[str, list]]:
+        """(costs (B,): the sum of the cost functions, 0 where none judged a response; metrics; the columns they
+        passed to log_extra). A cost function
         that raises always stops training (reward_on_error does not apply): a failed check must not read as safe.
         Cost functions get what reward functions get (rewards/contract.py), but no `trainer_state`."""
         result = score_completions(self.cost_funcs, None, prompts=prompts, completions=completions,
@@ -104,19 +105,24 @@ class SafetyConstraint:
                                    require_scored=False, timeout_s=self.settings.reward_timeout_s,
                                    completion_messages=completion_messages)
         costs = torch.nan_to_num(result.rewards, nan=0.0)
-        metrics = {"cost/mean": costs.mean().item(), "cost/unsafe_rate": unsafe_rate(costs)}
+        metrics = {**result.logged_metrics,  # what the cost functions logged, by their own names (ours win a clash)
+                   "cost/mean": costs.mean().item(), "cost/unsafe_rate": unsafe_rate(costs)}
         metrics.update({k.replace("reward/", "cost/", 1): v for k, v in result.metrics().items()
                         if k.count("/") == 2 and k not in result.logged_metrics})  # per-function means, errors
-        metrics.update(result.logged_metrics)  # what the cost functions logged, by their own names
-        return costs, metrics
+        return costs, metrics, result.logged_columns
 
     # ---------------------------------------------------------------- the round builder's fixed points
     def score(self, batch, metrics):
         """Costs of a scored batch; the safety filter marks responses over its threshold as unscored (no
         gradient, no share in their group's baseline)."""
         with metrics.timer("cost"):
-            costs, cost_metrics = self.costs(batch.prompts, batch.completions, batch.completion_ids(),
-                                             self._columns(batch), batch.completion_messages or None)
+            costs, cost_metrics, logged = self.costs(batch.prompts, batch.completions, batch.completion_ids(),
+                                                     self._columns(batch), batch.completion_messages or None)
+        clash = sorted(set(logged) & set(batch.logged_columns))
+        if clash:
+            raise ValueError(f"log_extra column(s) {clash} were logged by a reward function and a cost function; give "
+                             f"each column one name.")
+        batch.logged_columns = {**batch.logged_columns, **logged}
         batch.costs = costs.to(batch.response_mask.device)
         metrics.record(cost_metrics)
         if self.settings.safety_filter_threshold is not None:

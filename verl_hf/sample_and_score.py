@@ -87,11 +87,17 @@ class RewardStage:
 
 
 def state_copy(trainer_state):
-    """A shallow copy of the Trainer's state for reward functions (None without one): a function may read it, and
-    what it assigns stays its own."""
+    """A copy of the Trainer's state for reward functions (None without one), to read: its fields and its lists
+    (log_history, the callbacks' states) are the function's own to change, the logged dicts inside are shared
+    (a deep copy of a long run's log_history at every scoring would cost more than the scoring)."""
     import copy
 
-    return None if trainer_state is None else copy.copy(trainer_state())
+    if trainer_state is None:
+        return None
+    state = copy.copy(trainer_state())
+    state.log_history = list(state.log_history)
+    state.stateful_callbacks = dict(state.stateful_callbacks or {})
+    return state
 
 
 def with_turn_rewards(rewards: torch.Tensor, batch: RolloutBatch) -> torch.Tensor:

@@ -38,6 +38,7 @@ from .rollout import make_rollout_engine
 from .round import RoundBuilder, RoundSettings
 from .routing import moe_routers
 from .safety import NoConstraint
+from .metric_names import with_trl_names
 from .sample_and_score import RewardSettings, RewardStage
 from .state import KLMeter, MetricBuffer, RoundInProgress, token_weighted
 from .sync import WeightSync
@@ -103,6 +104,7 @@ class VerlTrainer(Trainer):
         multi_turn = setup.is_multi_turn(args, tools, environment)
         self.reward_funcs, self.reward_weights = setup.resolve_rewards(args, reward_funcs, reward_model, environment,
                                                                        teacher)
+        setup.check_offline_ids(setup.given_models(model, args, ref_policy, critic, teacher))
         tokenizer = setup.load_tokenizer(processor.tokenizer if processor else processing_class, model, args)
         if processor is not None:
             share_chat_template(processor, tokenizer)
@@ -340,9 +342,12 @@ class VerlTrainer(Trainer):
         return self.teacher if all(head is not None for head in heads) else None
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """Adds the RL metrics gathered since the last log (pooled over steps and processes) to training logs."""
+        """Adds the RL metrics gathered since the last log (pooled over steps and processes) to training logs, and
+        with trl_metric_names TRL's names beside ours (metric_names.py)."""
         if not self._evaluating:
             logs = {**logs, **self.metrics.pooled(self.args.world_size)}
+        if self.args.trl_metric_names:
+            logs = with_trl_names(logs)
         super().log(logs, start_time)
 
     # ------------------------------------------------------------------ saving, publishing, checkpoints

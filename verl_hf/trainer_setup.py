@@ -115,6 +115,7 @@ def resolve_rewards(args: VerlConfig, reward_funcs, reward_model, environment=No
                          "(or environment= whose step() returns rewards, or a teacher to distill from).")
     check_reward_weights(args.reward_weights, [s if isinstance(s, str) else getattr(s, "__name__", type(s).__name__)
                                                for s in given] + ["reward_model"] * len(models))
+    check_offline_ids({f"reward_model_path[{i}]": p for i, p in enumerate(args.reward_model_path or [])})
     if args.gkd_lambda < 1.0 and any(w != 0 for w in args.reward_weights or [1.0]):
         raise ValueError(f"gkd_lambda={args.gkd_lambda} trains some rounds on the dataset's answers, where a task "
                          f"reward's policy gradient would credit answers the student did not sample: weigh every "
@@ -246,14 +247,24 @@ def as_reward_model(reward_model) -> RewardModel:
 def check_model_paths(model, args: VerlConfig, ref_policy=None, critic=None, teacher=None) -> None:
     """Every model given as a local path exists, said before anything loads (transformers would read a missing
     folder as a Hub id and answer about repo-id syntax). A Hub id `org/name` is left to transformers."""
-    given = {"model": model, "ref_policy": ref_policy, "critic": critic, "critic_model_path": args.critic_model_path,
-             "cost_model_path": args.cost_model_path, "teacher": teacher, "teacher_model_path": args.teacher_model_path,
-             **{f"reward_model_path[{i}]": p for i, p in enumerate(args.reward_model_path or [])}}
-    for name, value in given.items():
+    for name, value in given_models(model, args, ref_policy, critic, teacher).items():
         if isinstance(value, (str, os.PathLike)) and _looks_local(str(value)) and not os.path.exists(value):
             hint = " (~ is not expanded here: give the full path)" if str(value).startswith("~") else ""
             raise FileNotFoundError(f"{name}={str(value)!r}: no such file or directory{hint} (a local path; a Hub "
                                     f"model is named 'org/name').")
+
+
+def given_models(model, args: VerlConfig, ref_policy=None, critic=None, teacher=None) -> dict:
+    """Every model of the run by the name it was given under: an id, a path, or a loaded model."""
+    return {"model": model, "ref_policy": ref_policy, "critic": critic, "critic_model_path": args.critic_model_path,
+            "cost_model_path": args.cost_model_path, "teacher": teacher, "teacher_model_path": args.teacher_model_path,
+            **{f"reward_model_path[{i}]": p for i, p in enumerate(args.reward_model_path or [])}}
+
+
+def check_offline_ids(named: dict) -> None:
+    """A Hub id that cannot load offline, in one line before transformers tries (its error is a long chained
+    traceback). Called after the cheap checks, before the first model or tokenizer is read."""
+    for name, value in named.items():
         if isinstance(value, str) and not os.path.exists(value) and _offline_and_not_cached(value):
             raise FileNotFoundError(f"{name}={value!r} is a Hub id, and HF_HUB_OFFLINE is set while it is not in the "
                                     f"local Hub cache: download it where the Hub is reachable (`hf download "

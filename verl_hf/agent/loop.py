@@ -405,12 +405,14 @@ def to_batch(conversations: list[Conversation], rows: list[dict], num_return_seq
 
 def _completion_messages(conversation: Conversation, tokenizer) -> list[dict]:
     """The messages after the prompt, as TRL gives a multi-turn completion to reward functions: the assistant
-    turns (with their `tool_calls`) and the replies, ending with the last assistant turn; a turn the environment
-    did not answer (the sample stopped on its length, say) is added as text."""
+    turns (with their `tool_calls`) and the replies between them, ending with the last assistant turn (a reply
+    after it stays in the `messages` column); a turn the environment did not answer (the sample stopped on its
+    length, say) is added as text."""
     after = conversation.messages[len(conversation.prompt):]
     if sum(m.get("role") == "assistant" for m in after) < conversation.turns:
-        after = [*after, {"role": "assistant", "content": _final_answer(conversation, tokenizer)}]
-    return after
+        return [*after, {"role": "assistant", "content": _final_answer(conversation, tokenizer)}]
+    last = max((i for i, m in enumerate(after) if m.get("role") == "assistant"), default=len(after) - 1)
+    return after[: last + 1]
 
 
 def _final_answer(conversation: Conversation, tokenizer) -> str:

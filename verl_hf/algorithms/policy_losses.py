@@ -52,6 +52,14 @@ def _frac(flags: Tensor, mask: Tensor) -> float:
     return masked_mean(flags.float(), mask).item()
 
 
+def _clip_sides(clipped: Tensor, advantages: Tensor, mask: Tensor) -> dict[str, float]:
+    """Where the ratio clip binds, by side: below 1 - eps_low (A < 0) and above 1 + eps_high (A > 0), as fractions of
+    the valid tokens (TRL's clip_ratio/low_mean and clip_ratio/high_mean; clip_frac is their sum, its region_mean)."""
+    advantages = advantages.expand_as(clipped)
+    return {"clip_frac_below": _frac(clipped & (advantages < 0), mask),
+            "clip_frac_above": _frac(clipped & (advantages > 0), mask)}
+
+
 def _check_nonneg(**values: float) -> None:
     for name, v in values.items():
         if not v >= 0:
@@ -105,6 +113,8 @@ def ppo_clip_loss(old_logprobs: Tensor, logprobs: Tensor, advantages: Tensor, re
     Formula: l = max(-A r, -A clip(r, 1-eps_low, 1+eps_high)), then l = min(l, -A c) where A < 0;
     r = exp(logp - old_logp).  Schulman et al. 2017 (PPO); Yu et al. 2025 (DAPO clip-higher);
     Ye et al. 2020 (dual-clip).
+    Metrics: clip_frac (clip_frac_below + clip_frac_above: the ratio clipped on either side), clip_frac_lower
+    (dual-clip, verl's pg_clipfrac_lower), ppo_kl, ratio_mean.
     """
     _check_dual_clip(clip_ratio_c)
     log_ratio = _log_ratio(logprobs, old_logprobs, response_mask)
@@ -114,6 +124,7 @@ def ppo_clip_loss(old_logprobs: Tensor, logprobs: Tensor, advantages: Tensor, re
     with torch.no_grad():
         metrics = {
             "clip_frac": _frac(pg.clipped, response_mask),
+            **_clip_sides(pg.clipped, advantages, response_mask),
             "clip_frac_lower": _frac(pg.dual_clipped, response_mask),
             "ppo_kl": _ppo_kl(log_ratio, response_mask),
             "ratio_mean": masked_mean(ratio, response_mask).item(),
@@ -144,7 +155,7 @@ def gspo_loss(old_logprobs: Tensor, logprobs: Tensor, advantages: Tensor, respon
     GSPO-token form), so clipping acts on whole sequences.  Defaults 3e-4 / 4e-4 are the paper's
     clipping ranges.  The paper aggregates with seq-mean-token-mean; like verl 0.9.1 we honour
     ``norm.mode`` (default token-mean), so pass "seq-mean-token-mean" to match the paper.
-    Metrics: clip_frac (tokens in clipped sequences), ppo_kl, seq_ratio_mean.
+    Metrics: clip_frac (tokens in clipped sequences; below/above by side), ppo_kl, seq_ratio_mean.
     """
     _check_nonneg(clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
     mask = response_mask.bool()
@@ -162,6 +173,7 @@ def gspo_loss(old_logprobs: Tensor, logprobs: Tensor, advantages: Tensor, respon
         nonempty = mask.any(-1)
         metrics = {
             "clip_frac": _frac(pg.clipped, response_mask),
+            **_clip_sides(pg.clipped, advantages, response_mask),
             "ppo_kl": _ppo_kl(log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO), response_mask),
             "seq_ratio_mean": masked_mean(seq_log_ratio.exp(), nonempty).item(),
         }
@@ -290,7 +302,8 @@ def clip_cov_loss(old_logprobs: Tensor, logprobs: Tensor, advantages: Tensor, re
     by either ratio bound are not candidates (they carry no gradient to detach).  Deviation from verl
     0.9.1: the base loss is this package's ``vanilla``, with dual-clip ``clip_ratio_c`` for A < 0 (verl's
     clip_cov has none), and dual-clipped tokens are not candidates either.
-    Metrics: clip_frac, clip_frac_lower (dual-clip), cov_clip_frac (detached share), ppo_kl, ratio_mean.
+    Metrics: clip_frac (below/above by side), clip_frac_lower (dual-clip), cov_clip_frac (detached share),
+    ppo_kl, ratio_mean.
     """
     _check_nonneg(clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
     _check_fraction("clip_cov_ratio", clip_cov_ratio)
@@ -310,6 +323,7 @@ def clip_cov_loss(old_logprobs: Tensor, logprobs: Tensor, advantages: Tensor, re
     with torch.no_grad():
         metrics = {
             "clip_frac": _frac(clipped, response_mask),
+            **_clip_sides(clipped, advantages, response_mask),
             "clip_frac_lower": _frac(dual_active, response_mask),
             "cov_clip_frac": _frac(detach, response_mask),
             "ppo_kl": _ppo_kl(log_ratio, response_mask),

@@ -24,7 +24,6 @@ See it work: tests/test_config.py.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 from transformers import TrainingArguments
@@ -46,6 +45,7 @@ from .process import set_up_process
 from .rewards import RewardFields, check_rewards, resolve_rewards
 from .safety import SafetyFields, check_safety, resolve_safety
 from .sync import SyncFields, check_sync
+from .trainer_defaults import TrainerDefaultFields
 from .trl_names import translate_trl_names
 from .value_types import check_value_types
 from .vision import VisionFields, check_vision
@@ -57,12 +57,20 @@ CHECKS = (check_parallel, check_generation, check_vision, check_sync, check_rewa
           check_distill, check_safety, check_critic, check_async, check_evaluation, refuse_fields_that_cannot_apply)
 
 
+class TakesTRLNames(type):
+    """VerlConfig's metaclass: its keyword arguments may use TRL's GRPOConfig names (trl_names.py), translated
+    before the dataclass's own __init__ sees them, for VerlConfig and every dataclass derived from it."""
+
+    def __call__(cls, *args, **kwargs):
+        return super().__call__(*args, **translate_trl_names(kwargs, where=cls.__name__))
+
+
 # Bases from the last stage to the first: dataclasses collect fields from the end of the MRO, so the fields come
 # in pipeline order after TrainingArguments' own (PrecisionFields' bf16 replaces the Trainer's, in its place).
 @dataclass
 class VerlConfig(EvaluationFields, CriticFields, DistillFields, KLFields, AlgorithmFields, SafetyFields,
                  MultiTurnFields, RewardFields, AsyncFields, SyncFields, VisionFields, GenerationFields,
-                 PrecisionFields, TrainingArguments):
+                 PrecisionFields, TrainerDefaultFields, TrainingArguments, metaclass=TakesTRLNames):
     def __post_init__(self):
         check_value_types(self)  # "8" for a number: named here, before anything compares it
         # Rollout rows are raw dataset rows (reward functions read their columns): never drop columns.
@@ -128,17 +136,6 @@ def _check_trainer_fields(cfg: VerlConfig) -> None:
     ])
 
 
-def _taking_trl_names(init):
-    """VerlConfig's __init__, which also takes TRL's GRPOConfig names (trl_names.py): a TRL script's config
-    carries over, or says why a setting cannot."""
-    @functools.wraps(init)
-    def __init__(self, *args, **kwargs):
-        init(self, *args, **translate_trl_names(kwargs))
-
-    return __init__
-
-
-VerlConfig.__init__ = _taking_trl_names(VerlConfig.__init__)
 FIELD_APPLIES = conditional_fields(VerlConfig)  # field name -> its Applies, for tools and tests
 
 __all__ = ["VerlConfig", "Applies", "TrainerInputs", "FIELD_APPLIES", "COLOCATED_VLLM", "ROLLOUT_ENGINES",

@@ -1,4 +1,5 @@
-"""Evaluation (responses per prompt, sampling, what counts as correct) and what a saved model holds."""
+"""Evaluation (responses per prompt, sampling, what counts as correct), the logged metrics' names, and what a saved
+model holds."""
 
 from __future__ import annotations
 
@@ -18,6 +19,15 @@ class EvaluationFields:
     eval_correct_threshold: float = field(
         default=1.0,
         metadata=_help("eval accuracy = share of responses whose FIRST reward function scores at least this."),
+    )
+
+    # ----- logging -----
+    trl_metric_names: bool = field(
+        default=True,
+        metadata=_help("Also log TRL's names for the metrics both report (reward, reward_std, rewards/<f>/mean, "
+                       "completions/mean_length, entropy, clip_ratio/*, frac_reward_zero_std, ...; "
+                       "verl_hf/metric_names.py), so dashboards made for TRL's GRPOTrainer read this run. False: ours "
+                       "only."),
     )
 
     # ----- saving and publishing -----

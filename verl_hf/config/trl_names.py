@@ -30,6 +30,8 @@ RENAMED: dict[str, tuple[str, Callable]] = {
     "vllm_tensor_parallel_size": ("rollout_tensor_parallel_size", int),
     "vllm_max_model_length": ("vllm_max_model_len", int),
     "vllm_enable_sleep_mode": ("vllm_sleep_level", lambda on: 2 if on else 0),  # TRL sleeps at vLLM's level 2
+    # TRL caps the ratio at delta on both signs: with delta > 1 + epsilon_high that is our dual-clip at c = delta
+    "delta": ("clip_ratio_c", float),
 }
 
 # TRL name -> why it is refused and what to use instead
@@ -38,16 +40,16 @@ REFUSED: dict[str, str] = {
                          "and torch_dtype); pass a loaded model to set loading options",
     "trust_remote_code": "models are loaded by the script or the CLI, not from the config; load it with "
                          "trust_remote_code yourself and pass the model",
-    "router_aux_loss_coef": "the MoE router's auxiliary loss is not added to the RL loss here; MoE runs use routing "
-                            "replay (routing_replay=True) instead",
+    "router_aux_loss_coef": "the MoE router's auxiliary loss is never added here (TRL's None takes the model "
+                            "config's coefficient, on for MoE models); MoE runs use routing replay "
+                            "(routing_replay=True) instead; 0.0 is accepted",
     "disable_dropout": "dropout is always off in the policy's forwards (log-probs must be deterministic); nothing to set",
-    "cast_lm_head_to_fp32": "log-probs are computed in fp32 through the LM head in chunks already (logits_chunk_size)",
+    "cast_lm_head_to_fp32": "the LM head multiplies in the model's dtype and the log-softmax runs in fp32 (as TRL "
+                            "without the cast); casting the head's weights to fp32 is not implemented",
     "ds3_gather_for_generation": "the HF engine under ZeRO-3 always generates with gathered weights; for large models "
                                  "use rollout_engine='vllm'",
     "shuffle_dataset": "the train set is always shuffled (seeded by `seed`), as TRL's default",
     "pad_to_multiple_of": "micro-batches are cut to their own lengths already; nothing to set",
-    "steps_per_generation": "a round serves one optimizer step per pass; set generation_batch_size (completions per "
-                            "round) and ppo_epochs instead",
     "min_p": "not supported by the rollout engines' shared sampling settings (temperature, top_p, top_k)",
     "generation_kwargs": "sampling is set by temperature, top_p and top_k, the same for every engine; other "
                          "generation arguments would apply to one engine only",
@@ -57,9 +59,9 @@ REFUSED: dict[str, str] = {
     "vllm_structured_outputs_regex": "structured outputs would sample from another distribution than the policy's",
     "vllm_server_timeout": "ours is per request, not a wait for the server to start: set vllm_server_timeout_s",
     "vllm_group_port": "the weight-transfer port is chosen free at each connection; nothing to set",
-    "delta": "two-sided clipping of negative advantages is clip_ratio_c (dual-clip, verl's)",
-    "sapo_temperature_neg": "the SAPO loss is not implemented",
-    "sapo_temperature_pos": "the SAPO loss is not implemented",
+
+    "sapo_temperature_neg": "set policy_loss='sapo' and policy_loss_kwargs={'tau_neg': ...} (SAPO's temperatures)",
+    "sapo_temperature_pos": "set policy_loss='sapo' and policy_loss_kwargs={'tau_pos': ...} (SAPO's temperatures)",
     "vespo_k_pos": "the VESPO loss is not implemented",
     "vespo_lambda_pos": "the VESPO loss is not implemented",
     "vespo_k_neg": "the VESPO loss is not implemented",
@@ -69,7 +71,8 @@ REFUSED: dict[str, str] = {
                                    "'sum_then_normalize'; the other order is not implemented",
     "scale_rewards": "set norm_adv_by_std_in_grpo (True: TRL's 'group', False: 'none'); 'batch' is not implemented",
     "loss_type": "set loss_agg_mode ('token-mean' is TRL's 'dapo' and 'bnpo', 'seq-mean-token-mean' its 'grpo', "
-                 "'seq-mean-token-sum-norm' its 'dr_grpo') and policy_loss",
+                 "'seq-mean-token-sum-norm' its 'dr_grpo') and policy_loss ('cispo', 'sapo' are ours too; our "
+                 "PPO clip adds a dual-clip at clip_ratio_c=3.0, TRL's delta)",
     "mask_truncated_completions": "truncated responses are scored like others; DAPO's overlong_buffer_len shapes them",
     "sync_ref_model": "the reference policy stays fixed; not implemented",
     "ref_model_mixup_alpha": "the reference policy stays fixed; not implemented",
@@ -86,8 +89,11 @@ REFUSED: dict[str, str] = {
     "vllm_importance_sampling_clip_max": "set rollout_is_threshold",
     "vllm_importance_sampling_clip_min": "set rollout_is_threshold_low",
     "vllm_importance_sampling_cap": "set rollout_is_threshold",
-    "off_policy_mask_threshold": "set rollout_is_mode='mask' with rollout_is_threshold",
-    "use_bias_correction_kl": "the KL is k3 in the loss, uncorrected (verl's); set kl_kind to choose the estimator",
+    "off_policy_mask_threshold": "masking negative-advantage sequences by their KL to the sampler is not implemented "
+                                 "(rollout_is_mode='mask' masks by the importance ratio, whatever the advantage's "
+                                 "sign)",
+    "use_bias_correction_kl": "the KL in the loss is k3 without TRL's correction by the importance ratio (verl's); "
+                              "False is accepted",
     "log_completions": "add callbacks.CompletionSamplesCallback (rows of every logging step, to files and trackers)",
     "log_multimodal": "CompletionSamplesCallback writes the prompt's text; images are not logged",
     "num_completions_to_print": "CompletionSamplesCallback(num_samples=N) writes N rows per logging step",
@@ -101,16 +107,16 @@ REFUSED: dict[str, str] = {
 }
 # Values of refused names that are what we always do: accepted (the same effect), e.g. shuffle_dataset=True.
 ALWAYS: dict[str, tuple] = {
-    "disable_dropout": (True,), "cast_lm_head_to_fp32": (True, False), "ds3_gather_for_generation": (True,),
+    "disable_dropout": (True,), "cast_lm_head_to_fp32": (False,), "ds3_gather_for_generation": (True,),
     "shuffle_dataset": (True,), "vllm_model_impl": ("vllm",), "multi_objective_aggregation": ("sum_then_normalize",),
     "mask_truncated_completions": (False,), "sync_ref_model": (False,), "top_entropy_quantile": (1.0,),
     "use_adaptive_entropy": (False,), "log_completions": (False,), "use_transformers_continuous_batching": (False,),
     "use_transformers_paged": (False,), "importance_sampling_level": ("token",), "min_p": (None, 0.0),
-    "repetition_penalty": (1.0,), "delta": (None,), "vllm_importance_sampling_correction": (False,),
-    "router_aux_loss_coef": (None, 0.0), "pad_to_multiple_of": (None, "auto"),
+    "repetition_penalty": (1.0,), "vllm_importance_sampling_correction": (False,),
+    "router_aux_loss_coef": (0.0,), "pad_to_multiple_of": (None, "auto"), "use_bias_correction_kl": (False,),
 }
 # Translated by the functions below, with others (use_vllm + vllm_mode, host + port, epsilon + epsilon_high).
-TRANSLATED = ("use_vllm", "vllm_mode", "vllm_server_host", "vllm_server_port", "epsilon")
+TRANSLATED = ("use_vllm", "vllm_mode", "vllm_server_host", "vllm_server_port", "epsilon", "steps_per_generation")
 # Names TRL and we share with the same meaning: nothing to translate (the coverage check reads this).
 SHARED = ("learning_rate", "remove_unused_columns", "num_generations", "temperature", "top_p", "top_k",
           "chat_template_kwargs", "reward_weights", "vllm_gpu_memory_utilization")
@@ -135,10 +141,31 @@ def translate_trl_names(values: dict, where: str = "VerlConfig") -> dict:
                          f"{REFUSED[name]}.")
     _translate_vllm(out, where)
     _translate_epsilon(out, where)
+    _translate_steps_per_generation(out, where)
     for name in [n for n in out if n in RENAMED]:
         ours, convert = RENAMED[name]
-        _take(out, name, ours, convert(out[name]) if out[name] is not None else None, where)
+        if out[name] is None:
+            raise ValueError(f"{where}: {name}=None (TRL's GRPOConfig.{name}, our {ours}): give a value, or leave it "
+                             f"out for our default.")
+        _take(out, name, ours, convert(out[name]), where)
     return out
+
+
+def _translate_steps_per_generation(values: dict, where: str) -> None:
+    """TRL samples once per `steps_per_generation` micro-steps: our generation_batch_size (completions per process
+    per round) is that many micro-batches."""
+    if "steps_per_generation" not in values:
+        return
+    steps = values["steps_per_generation"]
+    if steps is None:
+        values.pop("steps_per_generation")  # TRL's default: one optimizer step per round, ours too
+        return
+    if "per_device_train_batch_size" not in values:  # it may come from elsewhere (a base file, a flag): not guessed
+        raise ValueError(f"{where}: steps_per_generation={steps} (TRL's) needs per_device_train_batch_size beside it, "
+                         f"or set ours: generation_batch_size = steps_per_generation x per_device_train_batch_size "
+                         f"(completions per process per round).")
+    per_device = values["per_device_train_batch_size"]
+    _take(values, "steps_per_generation", "generation_batch_size", int(steps) * int(per_device), where)
 
 
 def _take(values: dict, trl: str, ours: str, value, where: str) -> None:
@@ -167,12 +194,11 @@ def _translate_vllm(values: dict, where: str) -> None:
         values["vllm_server_base_url"] = f"http://{host or '0.0.0.0'}:{port or 8000}"
     if "use_vllm" not in values and "vllm_mode" not in values:
         return
-    mode_given = "vllm_mode" in values
     use, mode = values.pop("use_vllm", None), values.pop("vllm_mode", None) or "colocate"
     if mode not in VLLM_MODES:
         raise ValueError(f"{where}: vllm_mode={mode!r} must be one of {VLLM_MODES} (TRL's).")
     if not use:
-        if mode_given:
+        if mode != "colocate":  # TRL's default mode beside use_vllm=False is a config dump's: nothing asked
             raise ValueError(f"{where}: vllm_mode={mode!r} takes effect only with use_vllm=True.")
         engine = "hf"
     else:

@@ -16,28 +16,34 @@ SCALARS = (bool, int, float)
 
 
 @functools.cache
-def scalar_fields(config_class) -> dict[str, type]:
-    """Field name -> bool, int or float, for the fields whose type is that scalar (or that scalar or None)."""
+def scalar_fields(config_class) -> dict[str, tuple[type, bool]]:
+    """Field name -> (bool, int or float; whether None is allowed), for the fields whose type is that scalar (or
+    that scalar or None)."""
     hints = typing.get_type_hints(config_class)
     out = {}
     for field in dataclasses.fields(config_class):
         hint = hints.get(field.name)
         while typing.get_origin(hint) is typing.Annotated:
             hint = typing.get_args(hint)[0]
-        options = [a for a in typing.get_args(hint) if a is not type(None)] if typing.get_args(hint) else [hint]
+        args = typing.get_args(hint)
+        options = [a for a in args if a is not type(None)] if args else [hint]
         if len(options) == 1 and options[0] in SCALARS:
-            out[field.name] = options[0]
+            out[field.name] = (options[0], type(None) in args)
     return out
 
 
 def check_value_types(cfg) -> None:
-    """ValueError for the first scalar field given as text, naming it, its type and the value to pass instead."""
-    for name, kind in scalar_fields(type(cfg)).items():
+    """ValueError for the first scalar field given as text, or as None where it takes none, naming it, its type
+    and the value to pass instead."""
+    for name, (kind, optional) in scalar_fields(type(cfg)).items():
         value = getattr(cfg, name)
+        article = "an" if kind is int else "a"
         if isinstance(value, str):
-            article = "an" if kind is int else "a"
             raise ValueError(f"{name}={value!r} is text, and {name} takes {article} {kind.__name__}: pass "
                              f"{name}={_as(kind, value)} (YAML and the command line convert text; Python does not).")
+        if value is None and not optional:
+            raise ValueError(f"{name}=None: {name} takes {article} {kind.__name__}; give one, or leave it out for the "
+                             f"default.")
 
 
 def _as(kind: type, text: str) -> str:

@@ -48,7 +48,7 @@ class RewardResult:
 
     def metrics(self) -> dict[str, float]:
         """reward/mean and reward/std (population) over valid samples, and
-        reward/<name>/mean over each function's non-None scores. Functions
+        reward/<name>/mean and /std over each function's non-None scores. Functions
         with no scores this batch are left out so every value is finite."""
         out = {}
         valid_rewards = self.rewards[self.valid]
@@ -61,6 +61,7 @@ class RewardResult:
             scored = column[~torch.isnan(column)]
             if scored.numel():
                 out[f"reward/{name}/mean"] = scored.mean().item()
+                out[f"reward/{name}/std"] = scored.std(unbiased=False).item()
         for name, count in self.errors.items():
             out[f"reward/{name}/errors"] = float(count)
         return {**self.logged_metrics, **out}
@@ -174,8 +175,8 @@ def score_completions(reward_funcs: list[tuple[str, Callable]],
                                                                        completion_messages),
                  completion_ids=list(completion_ids), **{k: list(v) for k, v in columns.items()})
     log = RewardLog(n)
-    bound = [(name, _with_extras(func, {"trainer_state": trainer_state, **log.for_function(name)}))
-             for name, func in reward_funcs]
+    state = {} if trainer_state is None else {"trainer_state": trainer_state}  # a Trainer's run only
+    bound = [(name, _with_extras(func, {**state, **log.for_function(name)})) for name, func in reward_funcs]
     per_function = torch.empty(n, len(reward_funcs), dtype=torch.float32)
     errors = {}
     for j, ((name, func), output) in enumerate(zip(bound, call_all(bound, batch, timeout_s))):
@@ -191,6 +192,7 @@ def score_completions(reward_funcs: list[tuple[str, Callable]],
         per_function[:, j] = torch.tensor(
             [_check_score(name, i, v) for i, v in enumerate(scores)],
             dtype=torch.float32)
+    log.check()
     scored = ~torch.isnan(per_function)
     valid = scored.any(dim=1)
     if require_scored and not valid.any():
@@ -213,7 +215,8 @@ def _warn_if_statistics_overflow(result: RewardResult) -> None:
     stats = result.metrics()
     bad = sorted(k for k, v in stats.items() if k.startswith("reward/") and not math.isfinite(v))
     rewards = result.rewards[result.valid]
-    if not bad and rewards.numel() and torch.isfinite(torch.stack([rewards.mean(), rewards.std(unbiased=False)])).all():
+    if not bad and (not rewards.numel() or torch.isfinite(torch.stack([rewards.mean(),
+                                                                        rewards.std(unbiased=False)])).all()):
         return
     largest = torch.nan_to_num(result.per_function.abs(), nan=0.0).max(dim=0).values
     name = result.names[int(largest.argmax())]

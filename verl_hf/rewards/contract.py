@@ -5,10 +5,11 @@
 - `prompts`: each row's prompt as the dataset gave it (text, or chat messages).
 - `completions`: for a text prompt, the decoded text; for a chat prompt, the messages after it, as TRL gives
   them: `[{"role": "assistant", "content": text}]` for one turn; in a multi-turn row every message after the
-  prompt (assistant turns with their `tool_calls`, the tools' and the environment's replies), ending with the
-  last assistant turn. `completion_text(c)` reads the answer's text from either form.
+  prompt up to its last assistant turn (assistant turns with their `tool_calls`, the tools' and the environment's
+  replies between them; a reply after the last turn is in the `messages` column). `completion_text(c)` reads the answer's text from either form.
 - `completion_ids`, and every dataset column by name.
-- TRL's extras: `trainer_state` (a copy of the Trainer's `TrainerState`: `global_step`, `max_steps`, ...),
+- TRL's extras: `trainer_state` (a copy of the Trainer's `TrainerState`, to read: `global_step`, `max_steps`, ...;
+  inside a Trainer only),
   `log_metric(name, value)` (a scalar, averaged over the logging step like every metric) and
   `log_extra(column, values)` (one value per sample, a column of CompletionSamplesCallback's rows). They reach a
   function that takes `**kwargs` or names them, so a function written before them keeps working.
@@ -82,39 +83,54 @@ def accepted_extras(func: Callable, extras: dict) -> dict:
 
 
 def form_hint(completions: list, error: Exception) -> str:
-    """Why a function that raised may have expected the other form of `completions` ("" if it cannot be that)."""
-    if not isinstance(error, (IndexError, TypeError, KeyError, AttributeError)) or not completions:
+    """Why a function that raised may have expected the other form of `completions` ("" unless the error is one
+    that form gives: indexing a string as messages, or string methods on a message list)."""
+    if not completions or not isinstance(error, (IndexError, TypeError, KeyError, AttributeError)):
         return ""
-    if isinstance(completions[0], str):
+    text = str(error)
+    if isinstance(completions[0], str) and "string ind" in text:  # "string index out of range", "... must be ..."
         return (" Its completions are strings because the prompts are text; TRL gives message lists "
                 "([{'role': 'assistant', 'content': ...}]) only for chat-message prompts. Read the text directly, or "
                 "use verl_hf.rewards.completion_text(c), which takes both forms.")
-    return (" Its completions are message lists ([{'role': 'assistant', 'content': ...}]) because the prompts are chat "
-            "messages, as in TRL; read completion[-1]['content'] or verl_hf.rewards.completion_text(c).")
+    if isinstance(completions[0], list) and ("'list'" in text or '"list"' in text or "list ind" in text):
+        return (" Its completions are message lists ([{'role': 'assistant', 'content': ...}]) because the prompts are "
+                "chat messages, as in TRL; read completion[-1]['content'] or verl_hf.rewards.completion_text(c).")
+    return ""
 
 
 class RewardLog:
     """Holds what each reward function logged during one scoring of `size` samples: scalars by name
-    (`log_metric`) and per-sample columns (`log_extra`). Functions get its bound methods. A function that raised
-    is `ignore`d: what it logged is dropped, and so is what its per-sample re-runs log."""
+    (`log_metric`, averaged over the values that are not NaN, as TRL logs them) and per-sample columns
+    (`log_extra`), and any misuse of the two, raised by `check` after the calls (raised inside a function, it
+    would read as the function's own failure, which reward_on_error='zero' scores 0). A function that raised is
+    `ignore`d: what it logged is dropped, and so is what its per-sample re-runs log."""
 
     def __init__(self, size: int):
-        self.size, self._logged, self._ignored = size, {}, set()
+        self.size, self._logged, self._ignored, self._problems = size, {}, set(), []
 
     def for_function(self, name: str) -> dict:
         def log_metric(metric: str, value) -> None:
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
-                raise TypeError(f"reward function {name!r}: log_metric({metric!r}, {value!r}): log a finite number.")
-            if name not in self._ignored:
-                self._logged.setdefault(name, ({}, {}))[0].setdefault(str(metric), []).append(float(value))
+            if name in self._ignored:
+                return
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                self._problems.append(f"reward function {name!r}: log_metric({metric!r}, {value!r}): log a number.")
+                return
+            self._logged.setdefault(name, ({}, {}))[0].setdefault(str(metric), []).append(float(value))
 
         def log_extra(column: str, values) -> None:
+            if name in self._ignored:
+                return
             values = list(values)
-            if len(values) != self.size and name not in self._ignored:
-                raise ValueError(f"reward function {name!r}: log_extra({column!r}, ...) got {len(values)} values for "
-                                 f"{self.size} samples; give one per sample.")
-            if name not in self._ignored:
-                self._logged.setdefault(name, ({}, {}))[1][str(column)] = values
+            if len(values) != self.size:
+                self._problems.append(f"reward function {name!r}: log_extra({column!r}, ...) got {len(values)} "
+                                      f"values for {self.size} samples; give one per sample.")
+                return
+            owners = [other for other, (_, columns) in self._logged.items() if column in columns]
+            if owners:
+                self._problems.append(f"reward function {name!r}: log_extra({column!r}, ...): that column was logged "
+                                      f"already (by {owners[0]!r}) in this batch; give each column one name.")
+                return
+            self._logged.setdefault(name, ({}, {}))[1][str(column)] = values
 
         return {"log_metric": log_metric, "log_extra": log_extra}
 
@@ -122,12 +138,20 @@ class RewardLog:
         self._ignored.add(name)
         self._logged.pop(name, None)
 
+    def check(self) -> None:
+        if self._problems:
+            raise ValueError(self._problems[0])
+
     def metric_means(self) -> dict[str, float]:
         pooled: dict[str, list[float]] = {}
         for metrics, _ in self._logged.values():
             for key, values in metrics.items():
                 pooled.setdefault(key, []).extend(values)
-        return {k: sum(v) / len(v) for k, v in pooled.items()}
+        means = {}
+        for key, values in pooled.items():
+            kept = [v for v in values if not math.isnan(v)]
+            means[key] = sum(kept) / len(kept) if kept else math.nan
+        return means
 
     def columns(self) -> dict[str, list]:
         return {k: v for _, columns in self._logged.values() for k, v in columns.items()}
