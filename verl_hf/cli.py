@@ -57,7 +57,8 @@ def parse_config(config_path: str | None, overrides: list[str]):
     # booleans get their field types); flags after the file come later and win. YAML nulls are set after.
     overrides, nulls = _flags_set_to_null(list(overrides), dtypes)
     given = {arg.lstrip("-").split("=")[0] for arg in overrides if arg.startswith("--")}
-    parser.sources = {key: _yaml_place(config_path, key) for key in values if key not in given}
+    places = yaml_lines(config_path) if config_path else {}  # the file (and its bases) read once
+    parser.sources = {key: places.get(key, str(config_path)) for key in values if key not in given}
     namespace = parser.parse_args(_as_argv(values) + overrides)
     for key, value in values.items():
         if value is None and key not in given:
@@ -156,11 +157,6 @@ def _translated_flags(overrides: list[str], flags: set) -> list[str]:
         raise UsageError(f"the command line sets {', '.join('--' + c for c in clash)} and TRL's name for the same "
                          f"field ({', '.join('--' + n for n in trl)}); keep one.")
     return rest + _as_argv(ours)
-
-
-def _yaml_place(config_path, key: str) -> str:
-    """Where the file (or its base_config) sets `key`: "file:line"."""
-    return yaml_lines(config_path).get(key, str(config_path))
 
 
 def _flags_set_to_null(overrides: list[str], dtypes) -> tuple[list[str], list[str]]:
